@@ -1,0 +1,179 @@
+"""Command line: `ssr generate`, `ssr models`.
+
+Bad input gives one line on stderr and exit code 2; no tracebacks (set SSR_DEBUG=1
+to see them).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from .config import MODES, VERIFY_MODES, ConfigError, GenerationConfig, SamplingParams
+from .models import DEFAULT_MODEL, REGISTRY
+from .thinking import TEMPLATE_CHOICES
+
+DIM, RESET = "\x1b[2m", "\x1b[0m"
+
+
+class UsageError(Exception):
+    """Bad command-line input (exit code 2)."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, not the usage block
+        raise UsageError(message)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="ssr", description="Self-speculation for reasoning models.")
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    gen = commands.add_parser("generate", help="answer one prompt, showing reasoning and answer")
+    gen.add_argument("prompt", nargs="?", help="the prompt; '-' reads standard input")
+    gen.add_argument("--prompt-file", help="read the prompt from this file")
+    add_model_arguments(gen)
+    add_generation_arguments(gen)
+    gen.add_argument("--stream", action="store_true", help="print reasoning and answer as they come")
+    gen.add_argument("--json", action="store_true", help="print one JSON object: text and metrics")
+
+    commands.add_parser("models", help="list the registry models and whether they are installed")
+    return parser
+
+
+def add_model_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", default=DEFAULT_MODEL,
+                        help=f"registry name ({', '.join(REGISTRY)}) or a .gguf path (default {DEFAULT_MODEL})")
+    parser.add_argument("--template", default="auto", choices=TEMPLATE_CHOICES,
+                        help="thinking format: auto (model's own markers, else code), code or plain")
+    parser.add_argument("--context-size", type=int, default=8192, help="KV cache tokens (default 8192)")
+    parser.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
+
+
+def add_generation_arguments(parser: argparse.ArgumentParser) -> None:
+    defaults = GenerationConfig()
+    parser.add_argument("--mode", default=defaults.mode, choices=MODES, help="ar is plain decoding")
+    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    parser.add_argument("--top-p", type=float, default=1.0)
+    parser.add_argument("--top-k", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--max-tokens", type=int, default=defaults.max_tokens, help="answer tokens at most")
+    parser.add_argument("--thinking-budget", type=int, default=defaults.thinking_budget,
+                        help="b_v: CoT tokens before the end of thinking is forced")
+    parser.add_argument("--draft-at", type=int, default=defaults.draft_at,
+                        help="b_d: CoT tokens before the draft child forks")
+    parser.add_argument("--draft-tokens", type=int, default=defaults.draft_tokens,
+                        help="m: answer tokens the draft may write")
+    parser.add_argument("--verify", default=defaults.verify, choices=VERIFY_MODES,
+                        help="sampling: exact rejection sampling or approx (resample from target)")
+
+
+def generation_config(args: argparse.Namespace) -> GenerationConfig:
+    sampling = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed)
+    return GenerationConfig(
+        mode=args.mode, sampling=sampling, thinking_budget=args.thinking_budget,
+        max_tokens=args.max_tokens, draft_at=args.draft_at, draft_tokens=args.draft_tokens,
+        verify=args.verify,
+    )
+
+
+def load_model(args: argparse.Namespace):
+    from .api import SSR
+
+    if args.context_size < 64:
+        raise ConfigError(f"--context-size must be >= 64, got {args.context_size}")
+    if args.threads is not None and args.threads < 1:
+        raise ConfigError(f"--threads must be >= 1, got {args.threads}")
+    return SSR(args.model, template=args.template, context_size=args.context_size, threads=args.threads)
+
+
+def read_prompt(args: argparse.Namespace) -> str:
+    if args.prompt_file and args.prompt:
+        raise ConfigError("give the prompt either as an argument or with --prompt-file, not both")
+    if args.prompt_file:
+        try:
+            with open(args.prompt_file, encoding="utf-8") as handle:
+                prompt = handle.read()
+        except (OSError, UnicodeDecodeError) as error:
+            raise ConfigError(f"cannot read prompt file {args.prompt_file}: {error}") from error
+    elif args.prompt == "-":
+        prompt = sys.stdin.read()
+    else:
+        prompt = args.prompt or ""
+    if not prompt.strip():
+        raise ConfigError("the prompt is empty")
+    return prompt
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    config = generation_config(args)  # validate flags before loading anything
+    prompt = read_prompt(args)
+    model = load_model(args)
+    generation = model.start(prompt, config)
+    color = sys.stdout.isatty() and not os.environ.get("NO_COLOR")
+    dim, reset = (DIM, RESET) if color else ("", "")
+    if args.json:
+        result = generation.run()
+        print(json.dumps({
+            "model": args.model, "reasoning": result.reasoning, "answer": result.answer,
+            "cot_ids": result.cot_ids, "answer_ids": result.answer_ids,
+            "metrics": result.metrics.as_dict(), "trace": result.trace,
+        }))
+        return 0
+    if args.stream:
+        channel = None
+        for chunk in generation:
+            if chunk.channel != channel:
+                sys.stdout.write(reset + ("\n\n" if channel else "") + (dim if chunk.channel == "reasoning" else ""))
+                channel = chunk.channel
+            sys.stdout.write(chunk.text)
+            sys.stdout.flush()
+        sys.stdout.write(reset + "\n")
+        result = generation.result
+    else:
+        result = generation.run()
+        if result.reasoning:
+            print(f"{dim}{result.reasoning}{reset}\n")
+        print(result.answer)
+    print(result.metrics.summary(), file=sys.stderr)
+    return 0
+
+
+def cmd_models(args: argparse.Namespace) -> int:
+    from .models import resolve_model
+
+    for name, spec in REGISTRY.items():
+        try:
+            where = str(resolve_model(name))
+        except ConfigError:
+            where = f"not installed: {spec.install}"
+        print(f"{name:22s} {spec.size / 1e6:6.0f} MB  {spec.license}  {where}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    from .engines.base import EngineError
+
+    try:
+        args = build_parser().parse_args(argv)
+        return {"generate": cmd_generate, "models": cmd_models}[args.command](args)
+    except (UsageError, ConfigError) as error:
+        print(f"ssr: error: {error}", file=sys.stderr)
+        return 2
+    except EngineError as error:
+        print(f"ssr: engine error: {error}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("\nssr: interrupted", file=sys.stderr)
+        return 130
+    except Exception as error:  # noqa: BLE001 - the promise is: no traceback
+        if os.environ.get("SSR_DEBUG"):
+            raise
+        print(f"ssr: internal error: {type(error).__name__}: {error} (SSR_DEBUG=1 shows the traceback)",
+              file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,99 @@
+"""Frozen configuration, validated once at construction.
+
+Every knob a request can set lives here. Invalid values raise `ConfigError` with a
+message meant for a person (the CLI prints it as one line and exits 2).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+MODES = ("ar", "ssr", "ssr-prefix", "ssr-suffix", "suffix", "pld")
+VERIFY_MODES = ("exact", "approx")
+
+
+class ConfigError(ValueError):
+    """A configuration value a person must fix."""
+
+
+def _check(condition: bool, message: str) -> None:
+    if not condition:
+        raise ConfigError(message)
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 0.0  # 0 means greedy (argmax, lowest id on ties)
+    top_p: float = 1.0  # nucleus mass kept, (0, 1]
+    top_k: int = 0  # 0 keeps the whole vocabulary
+    seed: int = 0  # seeds the request's numpy Generator
+
+    def __post_init__(self) -> None:
+        _check(self.temperature >= 0, f"--temperature must be >= 0, got {self.temperature}")
+        _check(0 < self.top_p <= 1, f"--top-p must be in (0, 1], got {self.top_p}")
+        _check(self.top_k >= 0, f"--top-k must be >= 0, got {self.top_k}")
+        _check(self.seed >= 0, f"--seed must be >= 0, got {self.seed}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+@dataclass(frozen=True)
+class SuffixParams:
+    """Suffix-decoding proposer (ArcticInference-style suffix tree)."""
+
+    max_depth: int = 64  # longest pattern + continuation stored in the tree
+    max_span: int = 32  # longest span proposed in one verify pass
+    span_factor: float = 1.0  # span length allowed per matched token
+    min_prob: float = 0.1  # stop a span when its cumulative estimated probability drops below
+
+    def __post_init__(self) -> None:
+        _check(self.max_depth >= 2, f"suffix max_depth must be >= 2, got {self.max_depth}")
+        _check(self.max_span >= 1, f"suffix max_span must be >= 1, got {self.max_span}")
+        _check(self.span_factor > 0, f"suffix span_factor must be > 0, got {self.span_factor}")
+        _check(0 <= self.min_prob <= 1, f"suffix min_prob must be in [0, 1], got {self.min_prob}")
+
+
+@dataclass(frozen=True)
+class GenerationConfig:
+    mode: str = "ssr"  # one of MODES; "ar" is plain decoding
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    thinking_budget: int = 1024  # b_v: CoT tokens before the end of thinking is forced
+    max_tokens: int = 1024  # answer tokens at most (forced answer prefix not counted)
+    draft_at: int = 256  # b_d: CoT tokens before the draft child forks
+    draft_tokens: int = 256  # m: answer tokens the draft child may write
+    verify: str = "exact"  # sampling only: "exact" rejection sampling or "approx" resampling
+    suffix: SuffixParams = field(default_factory=SuffixParams)
+
+    def __post_init__(self) -> None:
+        _check(self.mode in MODES, f"--mode must be one of {', '.join(MODES)}, got {self.mode!r}")
+        _check(self.verify in VERIFY_MODES, f"--verify must be one of {', '.join(VERIFY_MODES)}")
+        _check(self.thinking_budget >= 0, f"--thinking-budget must be >= 0, got {self.thinking_budget}")
+        _check(self.max_tokens >= 1, f"--max-tokens must be >= 1, got {self.max_tokens}")
+        _check(self.draft_tokens >= 1, f"--draft-tokens must be >= 1, got {self.draft_tokens}")
+        _check(self.draft_at >= 0, f"--draft-at must be >= 0, got {self.draft_at}")
+        if self.uses_draft:
+            _check(
+                self.draft_at < self.thinking_budget,
+                f"--draft-at ({self.draft_at}) must be smaller than --thinking-budget "
+                f"({self.thinking_budget}): the draft forks from a partial chain of thought",
+            )
+
+    @property
+    def uses_draft(self) -> bool:
+        """Modes that fork a draft child from the partial CoT."""
+        return self.mode in ("ssr", "ssr-prefix", "ssr-suffix")
+
+    @property
+    def verifies_draft_prefix(self) -> bool:
+        """Modes that verify the draft as a prefix of the answer in one pass."""
+        return self.mode in ("ssr", "ssr-prefix")
+
+    @property
+    def proposer(self) -> str | None:
+        """Continuation proposer: 'suffix', 'pld' or None (plain decoding)."""
+        if self.mode in ("ssr", "ssr-suffix", "suffix"):
+            return "suffix"
+        if self.mode == "pld":
+            return "pld"
+        return None

@@ -1,0 +1,301 @@
+"""One request, decoded plainly (`ar`) or with self-speculation (`ssr` and friends).
+
+The request walks four stages:
+  1. think    - the parent writes its CoT; at b_d a draft child forks, is forced
+                to end thinking and writes up to m answer tokens, batched with the parent
+  2. close    - the parent's CoT ends (its end marker, EOS or b_v); the end marker and
+                answer prefix are forced and the draft verified, in one score pass
+  3. continue - a proposer (suffix tree over prompt, CoT and draft) guesses spans;
+                each span is verified in one pass, the longest match kept
+  4. finish   - outstanding children released, metrics closed
+Every sequence keeps one *pending* token: committed, not yet fed to the engine.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .config import ConfigError, GenerationConfig
+from .engines.base import Engine
+from .metrics import Metrics, StageClock
+from .proposers import PromptLookupProposer, Proposer, SuffixProposer
+from .sampling import sample, target_probs
+from .text import TextStream
+from .thinking import ThinkingFormat
+from .verify import Verdict, verify_greedy, verify_sampled
+
+
+@dataclass(frozen=True)
+class Chunk:
+    channel: str  # "reasoning" or "answer"
+    text: str
+    token_ids: tuple[int, ...]
+
+
+@dataclass
+class Draft:
+    seq: int | None  # engine handle while the child is alive
+    token_ids: list[int] = field(default_factory=list)  # answer tokens written (EOS kept)
+    probs: list[np.ndarray] = field(default_factory=list)  # sampling: [vocab] per token
+    forked_at: int = 0  # CoT tokens the child saw
+    started_s: float = 0.0
+
+
+@dataclass
+class Result:
+    reasoning: str
+    answer: str
+    cot_ids: list[int]
+    answer_ids: list[int]
+    draft_ids: list[int]
+    forced_ids: list[int]  # tokens forced between CoT and answer (end marker, answer prefix)
+    metrics: Metrics
+    trace: list[dict]  # verify events: what was proposed and how much was accepted
+
+    @property
+    def output_ids(self) -> list[int]:
+        """Every token after the prompt, as the model saw them."""
+        return self.cot_ids + self.forced_ids + self.answer_ids
+
+
+class Generation:
+    """Iterate for chunks as they are decoded; `result` is set when iteration ends."""
+
+    def __init__(self, engine: Engine, fmt: ThinkingFormat, config: GenerationConfig,
+                 prompt_ids: Sequence[int], banned_ids: Sequence[int] = ()) -> None:
+        if not prompt_ids:
+            raise ConfigError("the prompt is empty")
+        self.engine, self.fmt, self.config = engine, fmt, config
+        self.prompt_ids = list(prompt_ids)
+        self.banned_ids = np.asarray(sorted(banned_ids), dtype=np.int64)  # -inf while thinking
+        self.forced_end_ids = engine.tokenize(fmt.forced_end)
+        self.answer_prefix_ids = engine.tokenize(fmt.answer_prefix)
+        self.rng = np.random.default_rng(config.sampling.seed)
+        self.metrics = Metrics(mode=config.mode, prompt_tokens=len(prompt_ids))
+        self.result: Result | None = None
+        self._check_context()
+
+    def __iter__(self) -> Iterator[Chunk]:
+        return self._run()
+
+    def run(self) -> Result:
+        for _ in self:
+            pass
+        assert self.result is not None
+        return self.result
+
+    # -- stages -------------------------------------------------------------------------
+
+    def _run(self) -> Iterator[Chunk]:
+        clock = StageClock(self.metrics)
+        self._live: set[int] = set()
+        self._trace: list[dict] = []
+        self.answer_ids: list[int] = []
+        self._answer_text = TextStream()
+        try:
+            parent = self._own(self.engine.prefill(self.prompt_ids[:-1]))
+            since = clock.add("prefill", 0.0)
+            # 1. think (a draft child forks at b_d)
+            cot_ids, pending, cot_end, draft = yield from self._think(parent, self.prompt_ids[-1], clock)
+            since = clock.add("cot", since)
+            # 2. close the CoT, verify the draft
+            proposer = self._make_proposer(cot_ids, draft)
+            yield from self._close(parent, pending, cot_end, draft, proposer)
+            self.metrics.first_answer_token_s = since = clock.add("verify", since)
+            # 3. continue
+            yield from self._continue(parent, proposer)
+            clock.add("continuation", since)
+        finally:
+            for seq in list(self._live):
+                self._drop(seq)
+        tail = self._answer_text.flush()
+        if tail:
+            yield Chunk("answer", tail, ())
+        self.metrics.total_s = clock.now()
+        self.result = Result(
+            reasoning=self._reasoning_text.text.strip(),
+            answer=self._answer_text.text.strip(),
+            cot_ids=cot_ids, answer_ids=self.answer_ids,
+            draft_ids=draft.token_ids if draft else [], forced_ids=self._forced_ids,
+            metrics=self.metrics, trace=self._trace,
+        )
+
+    def _think(self, parent: int, pending: int, clock: StageClock):
+        """Stage 1: returns (cot_ids, pending token or None, how the CoT ended, draft)."""
+        config, metrics = self.config, self.metrics
+        self._reasoning_text = stream = TextStream(self.fmt.end)
+        cot_ids: list[int] = []
+        draft: Draft | None = None
+        cot_end = "budget"
+        while len(cot_ids) < config.thinking_budget:
+            if config.uses_draft and draft is None and len(cot_ids) == config.draft_at:
+                draft = self._fork_draft(parent, pending, len(cot_ids), clock)
+            batch = [(parent, pending)]
+            if draft is not None and draft.seq is not None:
+                batch.append((draft.seq, draft.token_ids[-1]))
+            logits = self.engine.step(batch)  # [len(batch), vocab]
+            metrics.decode_steps += 1
+            if len(batch) == 2:
+                metrics.batched_steps += 1
+                self._grow_draft(draft, logits[1], clock)
+            row = logits[0].copy()
+            row[self.banned_ids] = -np.inf
+            token = self._verdict([], row[None, :]).next_token
+            if token in self.engine.eos_ids:
+                pending, cot_end = None, "eos"
+                break
+            cot_ids.append(token)
+            pending = token
+            text = stream.push(self.engine.token_bytes(token))
+            if text:
+                yield Chunk("reasoning", text, (token,))
+            if stream.stopped:
+                cot_end = "natural"
+                break
+        tail = stream.flush()
+        if tail:
+            yield Chunk("reasoning", tail, ())
+        if draft is not None and draft.seq is not None:
+            self._finish_draft(draft, clock)
+        metrics.cot_tokens, metrics.cot_end = len(cot_ids), cot_end
+        return cot_ids, pending, cot_end, draft
+
+    def _close(self, parent: int, pending: int | None, cot_end: str, draft: Draft | None,
+               proposer: Proposer | None) -> Iterator[Chunk]:
+        """Stage 2: force end marker + answer prefix, verify the draft, all in one pass."""
+        forced = ([] if cot_end == "natural" else self.forced_end_ids) + self.answer_prefix_ids
+        self._forced_ids = forced
+        fed = ([] if pending is None else [pending]) + forced
+        draft_ids, draft_probs = [], None
+        if draft is not None and self.config.verifies_draft_prefix:
+            draft_ids = draft.token_ids[: self.config.max_tokens]
+            draft_probs = np.stack(draft.probs[: len(draft_ids)]) if draft.probs else None
+        base = self.engine.length(parent)
+        rows = self.engine.score(parent, fed + draft_ids)  # [len(fed) + k, vocab]
+        verdict = self._verdict(draft_ids, rows[len(fed) - 1 :], draft_probs)
+        self.engine.truncate(parent, base + len(fed) + verdict.num_accepted)
+        if draft_ids:
+            self.metrics.verify_passes += 1
+            self.metrics.accepted_prefix_tokens = verdict.num_accepted
+            self._trace.append({"kind": "draft", "proposed": len(draft_ids), "accepted": verdict.num_accepted})
+        if proposer is not None:
+            proposer.observe(self.answer_prefix_ids)
+        prefix = self.fmt.answer_prefix.lstrip()
+        if prefix:
+            self._answer_text.text = prefix
+            yield Chunk("answer", prefix, tuple(self.answer_prefix_ids))
+        yield from self._commit(draft_ids[: verdict.num_accepted] + [verdict.next_token], proposer)
+
+    def _continue(self, parent: int, proposer: Proposer | None) -> Iterator[Chunk]:
+        """Stage 3: propose a span, score it with the pending token, keep the longest match."""
+        metrics = self.metrics
+        while not metrics.stop:
+            pending = self.answer_ids[-1]
+            remaining = self.config.max_tokens - len(self.answer_ids)
+            span = proposer.propose(remaining) if proposer is not None else []
+            if not span:
+                rows = self.engine.step([(parent, pending)])  # [1, vocab]
+                metrics.decode_steps += 1
+                yield from self._commit([self._verdict([], rows).next_token], proposer)
+                continue
+            base = self.engine.length(parent)
+            rows = self.engine.score(parent, [pending] + span)  # [k + 1, vocab]
+            verdict = self._verdict(span, rows)
+            self.engine.truncate(parent, base + 1 + verdict.num_accepted)
+            metrics.verify_passes += 1
+            metrics.suffix_proposed_tokens += len(span)
+            metrics.suffix_accepted_tokens += verdict.num_accepted
+            self._trace.append({"kind": "span", "proposed": len(span), "accepted": verdict.num_accepted})
+            yield from self._commit(span[: verdict.num_accepted] + [verdict.next_token], proposer)
+
+    # -- helpers ------------------------------------------------------------------------
+
+    def _commit(self, token_ids: list[int], proposer: Proposer | None) -> Iterator[Chunk]:
+        """Append answer tokens up to EOS or max_tokens; sets metrics.stop when done."""
+        committed = []
+        for token in token_ids:
+            if token in self.engine.eos_ids:
+                self.metrics.stop = "eos"
+                break
+            committed.append(token)
+            self.answer_ids.append(token)
+            if len(self.answer_ids) >= self.config.max_tokens:
+                self.metrics.stop = "max_tokens"
+                break
+        self.metrics.answer_tokens = len(self.answer_ids)
+        if proposer is not None and not self.metrics.stop:
+            proposer.observe(committed)
+        text = self._answer_text.push(b"".join(self.engine.token_bytes(t) for t in committed))
+        if text:
+            yield Chunk("answer", text, tuple(committed))
+
+    def _verdict(self, draft_ids: list[int], target_logits: np.ndarray,
+                 draft_probs: np.ndarray | None = None) -> Verdict:
+        """Greedy argmax match, or rejection sampling against the sampling distribution."""
+        sampling = self.config.sampling
+        if sampling.greedy:
+            return verify_greedy(np.asarray(draft_ids, dtype=np.int64), target_logits)
+        return verify_sampled(
+            np.asarray(draft_ids, dtype=np.int64), draft_probs,
+            target_probs(target_logits, sampling), self.rng, approx=self.config.verify == "approx",
+        )
+
+    def _fork_draft(self, parent: int, pending: int, cot_len: int, clock: StageClock) -> Draft:
+        draft = Draft(seq=self._own(self.engine.fork(parent)), forked_at=cot_len, started_s=clock.now())
+        rows = self.engine.score(draft.seq, [pending] + self.forced_end_ids + self.answer_prefix_ids)
+        self._grow_draft(draft, rows[-1], clock)
+        return draft
+
+    def _grow_draft(self, draft: Draft, logits: np.ndarray, clock: StageClock) -> None:
+        """Choose the child's next token from its logits [vocab]; finish it at EOS or m."""
+        sampling = self.config.sampling
+        if sampling.greedy:
+            token = int(np.argmax(logits))
+        else:
+            probs = target_probs(logits, sampling)  # the draft distribution q
+            token = sample(probs, self.rng)
+            draft.probs.append(probs)
+        draft.token_ids.append(token)
+        limit = min(self.config.draft_tokens, self.config.max_tokens)
+        if token in self.engine.eos_ids or len(draft.token_ids) >= limit:
+            self._finish_draft(draft, clock)
+
+    def _finish_draft(self, draft: Draft, clock: StageClock) -> None:
+        self._drop(draft.seq)
+        draft.seq = None
+        self.metrics.draft_tokens = len(draft.token_ids)
+        self.metrics.seconds["draft"] = clock.now() - draft.started_s
+
+    def _make_proposer(self, cot_ids: list[int], draft: Draft | None) -> Proposer | None:
+        kind = self.config.proposer
+        draft_seed = self.answer_prefix_ids + (draft.token_ids if draft else [])
+        if kind == "suffix":
+            seeds = [self.prompt_ids, cot_ids] + ([draft_seed] if draft else [])
+            return SuffixProposer(self.config.suffix, seeds)
+        if kind == "pld":
+            return PromptLookupProposer(self.prompt_ids + cot_ids)
+        return None
+
+    def _own(self, seq: int) -> int:
+        self._live.add(seq)
+        return seq
+
+    def _drop(self, seq: int) -> None:
+        self._live.discard(seq)
+        self.engine.release(seq)
+
+    def _check_context(self) -> None:
+        config = self.config
+        need = (len(self.prompt_ids) + config.thinking_budget + len(self.forced_end_ids)
+                + len(self.answer_prefix_ids) + config.max_tokens + config.suffix.max_span + 1)
+        if config.uses_draft:
+            need += config.draft_tokens
+        if need > self.engine.context_size:
+            raise ConfigError(
+                f"prompt ({len(self.prompt_ids)} tokens) + thinking budget + max tokens"
+                f"{' + draft tokens' if config.uses_draft else ''} need {need} tokens, "
+                f"more than the context holds ({self.engine.context_size}); lower the budgets "
+                f"or raise --context-size"
+            )

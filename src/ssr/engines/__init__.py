@@ -1,0 +1,20 @@
+"""Engines: adapters behind one protocol (see base.Engine)."""
+from .base import Engine, EngineError
+
+__all__ = ["Engine", "EngineError", "load_engine"]
+
+
+def load_engine(model: str, engine: str = "llama.cpp", **options) -> Engine:
+    """Engine by name; heavy libraries are imported only here, lazily."""
+    if engine in ("llama.cpp", "llamacpp"):
+        from ..models import resolve_model
+        from .llamacpp import LlamaCppEngine
+
+        return LlamaCppEngine(resolve_model(model), **options)
+    if engine == "fake":
+        from .fake import FakeEngine
+
+        return FakeEngine(**options)
+    from ..config import ConfigError
+
+    raise ConfigError(f"unknown engine {engine!r}: use llama.cpp")

@@ -1,0 +1,53 @@
+"""The engine protocol every adapter implements.
+
+A *sequence* is a handle (int) to tokens held in the engine's KV cache. Decoding
+keeps one *pending* token per sequence: chosen, committed, not yet fed. Feeding
+tokens returns one row of logits per fed token, the row predicting what follows.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+import numpy as np
+
+
+class EngineError(RuntimeError):
+    """The engine could not do what was asked (context full, too many sequences)."""
+
+
+class Engine(Protocol):
+    vocab_size: int  # rows of logits are [vocab_size]
+    eos_ids: frozenset[int]  # tokens that end generation
+    max_sequences: int  # sequences that may be alive at once (parent + children)
+    context_size: int  # tokens the KV cache holds, all sequences together
+    chat_template: str | None  # Hugging Face jinja chat template, if the model has one
+    bos_text: str  # text of the BOS / EOS tokens, for chat templates
+    eos_text: str
+
+    def tokenize(self, text: str, add_bos: bool = False) -> list[int]:
+        """Text -> token ids; special tokens in the text are parsed."""
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes a token decodes to (partial UTF-8 allowed)."""
+
+    def prefill(self, token_ids: Sequence[int]) -> int:
+        """New sequence holding these tokens; no logits are computed."""
+
+    def fork(self, seq: int) -> int:
+        """New sequence sharing seq's KV entries (no recompute)."""
+
+    def step(self, batch: Sequence[tuple[int, int]]) -> np.ndarray:
+        """Feed one token to each (seq, token) in one forward pass -> logits [len(batch), vocab]."""
+
+    def score(self, seq: int, token_ids: Sequence[int]) -> np.ndarray:
+        """Feed k tokens to one sequence in one pass -> logits [k, vocab]."""
+
+    def truncate(self, seq: int, length: int) -> None:
+        """Keep the first `length` tokens of seq."""
+
+    def release(self, seq: int) -> None:
+        """Free seq and its KV entries not shared with others."""
+
+    def length(self, seq: int) -> int:
+        """Tokens held for seq."""

@@ -1,0 +1,170 @@
+"""llama.cpp engine through llama-cpp-python's low-level API.
+
+Several sequences live in one context with a unified KV cache, so `fork` only
+tags the parent's cells with the child's sequence id (llama_memory_seq_cp) and
+`step` decodes one token of every sequence in a single llama_decode.
+"""
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from .base import EngineError
+
+
+class LlamaCppEngine:
+    def __init__(self, model_path: str | Path, context_size: int = 8192, max_sequences: int = 4,
+                 batch_size: int = 512, threads: int | None = None, verbose: bool = False) -> None:
+        import llama_cpp
+
+        self._lib = lib = llama_cpp
+        logging.getLogger("llama-cpp-python").setLevel(logging.DEBUG if verbose else logging.ERROR)
+        lib.llama_backend_init()
+        model_params = lib.llama_model_default_params()
+        self._model = lib.llama_model_load_from_file(str(model_path).encode(), model_params)
+        if not self._model:
+            raise EngineError(f"llama.cpp could not load {model_path}")
+        threads = threads or os.cpu_count() or 1
+        params = lib.llama_context_default_params()
+        params.n_ctx = context_size
+        params.n_batch = params.n_ubatch = batch_size
+        params.n_seq_max = max_sequences
+        params.kv_unified = True  # children share the parent's cells: fork copies nothing
+        params.n_threads = params.n_threads_batch = threads
+        params.no_perf = True
+        self._ctx = lib.llama_init_from_model(self._model, params)
+        if not self._ctx:
+            lib.llama_model_free(self._model)
+            raise EngineError(f"llama.cpp could not create a context of {context_size} tokens")
+        self._memory = lib.llama_get_memory(self._ctx)
+        self._pieces: dict[int, bytes] = {}  # token id -> bytes, filled on first use
+        self._vocab = lib.llama_model_get_vocab(self._model)
+        self._batch = lib.llama_batch_init(batch_size, 0, max_sequences)
+        self.model_path = Path(model_path)
+        self.name = self.model_path.stem
+        self.batch_size = batch_size
+        self.threads = threads
+        self.context_size = lib.llama_n_ctx(self._ctx)
+        self.max_sequences = max_sequences
+        self.vocab_size = lib.llama_vocab_n_tokens(self._vocab)
+        self.eos_ids = frozenset(t for t in range(self.vocab_size) if lib.llama_vocab_is_eog(self._vocab, t))
+        template = lib.llama_model_chat_template(self._model, None)
+        self.chat_template = template.decode("utf-8", "replace") if template else None
+        self.add_bos = bool(lib.llama_vocab_get_add_bos(self._vocab))
+        self.bos_text = self.token_bytes(lib.llama_vocab_bos(self._vocab)).decode("utf-8", "replace")
+        self.eos_text = self.token_bytes(lib.llama_vocab_eos(self._vocab)).decode("utf-8", "replace")
+        self._free_ids = list(range(max_sequences - 1, -1, -1))  # llama.cpp sequence ids not in use
+        self._lengths: dict[int, int] = {}  # live sequence -> tokens in the KV cache
+
+    # -- text -----------------------------------------------------------------------------
+
+    def tokenize(self, text: str, add_bos: bool = False) -> list[int]:
+        data = text.encode("utf-8")
+        capacity = len(data) + 8
+        buffer = (self._lib.llama_token * capacity)()
+        count = self._lib.llama_tokenize(self._vocab, data, len(data), buffer, capacity, add_bos, True)
+        if count < 0:
+            raise EngineError(f"tokenizer needed {-count} slots")
+        return list(buffer[:count])
+
+    def token_bytes(self, token_id: int) -> bytes:
+        piece = self._pieces.get(token_id)
+        if piece is None:
+            buffer = ctypes.create_string_buffer(256)
+            size = self._lib.llama_token_to_piece(self._vocab, token_id, buffer, 256, 0, True)
+            piece = self._pieces[token_id] = buffer.raw[: max(size, 0)]
+        return piece
+
+    # -- sequences ------------------------------------------------------------------------
+
+    def prefill(self, token_ids: Sequence[int]) -> int:
+        seq = self._allocate()
+        try:
+            for start in range(0, len(token_ids), self.batch_size):
+                chunk = token_ids[start : start + self.batch_size]
+                self._decode([(seq, token) for token in chunk], want_logits=False)
+        except EngineError:
+            self.release(seq)
+            raise
+        return seq
+
+    def fork(self, seq: int) -> int:
+        child = self._allocate()
+        self._lib.llama_memory_seq_cp(self._memory, seq, child, -1, -1)
+        self._lengths[child] = self._lengths[seq]
+        return child
+
+    def step(self, batch: Sequence[tuple[int, int]]) -> np.ndarray:
+        return self._decode(batch)
+
+    def score(self, seq: int, token_ids: Sequence[int]) -> np.ndarray:
+        rows = [
+            self._decode([(seq, token) for token in token_ids[start : start + self.batch_size]])
+            for start in range(0, len(token_ids), self.batch_size)
+        ]
+        return np.concatenate(rows) if rows else np.zeros((0, self.vocab_size), np.float32)
+
+    def truncate(self, seq: int, length: int) -> None:
+        if length < self._lengths[seq]:
+            if not self._lib.llama_memory_seq_rm(self._memory, seq, length, -1):
+                raise EngineError(f"llama.cpp could not truncate sequence {seq} to {length}")
+            self._lengths[seq] = length
+
+    def release(self, seq: int) -> None:
+        if seq in self._lengths:
+            self._lib.llama_memory_seq_rm(self._memory, seq, -1, -1)
+            del self._lengths[seq]
+            self._free_ids.append(seq)
+
+    def length(self, seq: int) -> int:
+        return self._lengths[seq]
+
+    def live_sequences(self) -> int:
+        return len(self._lengths)
+
+    def close(self) -> None:
+        if getattr(self, "_ctx", None):
+            self._lib.llama_batch_free(self._batch)
+            self._lib.llama_free(self._ctx)
+            self._lib.llama_model_free(self._model)
+            self._ctx = None
+
+    def __del__(self) -> None:
+        self.close()
+
+    # -- internals ------------------------------------------------------------------------
+
+    def _allocate(self) -> int:
+        if not self._free_ids:
+            raise EngineError(f"all {self.max_sequences} sequences of the context are in use")
+        seq = self._free_ids.pop()
+        self._lengths[seq] = 0
+        return seq
+
+    def _decode(self, batch: Sequence[tuple[int, int]], want_logits: bool = True) -> np.ndarray:
+        """One llama_decode over (seq, token) pairs -> logits [len(batch), vocab]."""
+        llama_batch = self._batch
+        positions = dict(self._lengths)
+        for i, (seq, token) in enumerate(batch):
+            llama_batch.token[i] = token
+            llama_batch.pos[i] = positions[seq]
+            llama_batch.n_seq_id[i] = 1
+            llama_batch.seq_id[i][0] = seq
+            llama_batch.logits[i] = want_logits
+            positions[seq] += 1
+        llama_batch.n_tokens = len(batch)
+        status = self._lib.llama_decode(self._ctx, llama_batch)
+        if status == 1:
+            raise EngineError(f"the KV cache is full ({self.context_size} tokens); raise --context-size")
+        if status != 0:
+            raise EngineError(f"llama_decode failed with status {status}")
+        self._lengths.update(positions)
+        if not want_logits:
+            return np.zeros((0, self.vocab_size), np.float32)
+        logits = self._lib.llama_get_logits(self._ctx)
+        return np.ctypeslib.as_array(logits, shape=(len(batch), self.vocab_size)).copy()

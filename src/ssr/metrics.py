@@ -1,0 +1,67 @@
+"""Per-request metrics and the token-level trace."""
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+
+STAGES = ("prefill", "cot", "draft", "verify", "continuation")
+
+
+@dataclass
+class Metrics:
+    mode: str
+    prompt_tokens: int = 0
+    cot_tokens: int = 0  # reasoning tokens the model wrote (forced end not counted)
+    cot_end: str = ""  # "natural" (end marker), "budget" (b_v reached) or "eos"
+    answer_tokens: int = 0  # answer tokens committed (forced answer prefix and EOS not counted)
+    stop: str = ""  # "eos" or "max_tokens"
+    draft_tokens: int = 0  # tokens the draft child wrote
+    accepted_prefix_tokens: int = 0  # draft tokens accepted in the prefix verify pass
+    suffix_proposed_tokens: int = 0  # tokens proposed by the continuation proposer
+    suffix_accepted_tokens: int = 0  # of those, accepted
+    verify_passes: int = 0  # score passes over a draft or a span
+    decode_steps: int = 0  # single-token steps (batched with a draft child or not)
+    batched_steps: int = 0  # of those, steps that carried a draft child too
+    # wall seconds per stage; "draft" is the child's lifetime, concurrent with "cot"
+    seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(STAGES, 0.0))
+    first_answer_token_s: float = 0.0  # from request start to the first answer token
+    total_s: float = 0.0
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+    def summary(self) -> str:
+        s = self.seconds
+        parts = [
+            f"{self.mode}: {self.total_s:.2f}s",
+            f"cot {self.cot_tokens} tok ({self.cot_end}) {s['cot']:.2f}s",
+            f"answer {self.answer_tokens} tok, first after {self.first_answer_token_s:.2f}s",
+        ]
+        if self.draft_tokens:
+            parts.append(
+                f"draft {self.draft_tokens} tok {s['draft']:.2f}s, "
+                f"accepted prefix {self.accepted_prefix_tokens}, verify {s['verify']:.2f}s"
+            )
+        if self.suffix_proposed_tokens:
+            parts.append(
+                f"spans accepted {self.suffix_accepted_tokens}/{self.suffix_proposed_tokens} "
+                f"in {self.verify_passes} passes"
+            )
+        parts.append(f"continuation {s['continuation']:.2f}s")
+        return " | ".join(parts)
+
+
+class StageClock:
+    """Adds wall time to Metrics.seconds[stage]."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self.metrics = metrics
+        self.start = time.perf_counter()
+
+    def now(self) -> float:
+        return time.perf_counter() - self.start
+
+    def add(self, stage: str, since: float) -> float:
+        now = self.now()
+        self.metrics.seconds[stage] += now - since
+        return now

@@ -1,0 +1,103 @@
+"""Suffix tree (a depth-limited suffix trie with counts) for suffix decoding.
+
+After ArcticInference's suffix decoding: every substring of length <= max_depth of
+the sequences added is a path from the root, and each node counts the occurrences
+of its path. Sequences grow online in O(max_depth) per token. A proposal matches
+the longest suffix of the context that occurs in the tree and follows the most
+frequent continuation while its estimated probability stays high.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+
+class _Node:
+    __slots__ = ("count", "children")
+
+    def __init__(self) -> None:
+        self.count = 0  # occurrences of this node's path in all sequences added
+        self.children: dict[int, _Node] = {}  # next token -> node of path + [token]
+
+
+class SuffixTree:
+    def __init__(self, max_depth: int) -> None:
+        self.max_depth = max_depth  # longest path stored (pattern + continuation)
+        self.root = _Node()  # empty path; its count is the number of tokens added
+        self._active: list[list[_Node]] = []  # per sequence: nodes of its suffixes, by length
+
+    def add_sequence(self, token_ids: Iterable[int] = ()) -> int:
+        """Start a new sequence (no substring spans two sequences); returns its handle."""
+        self._active.append([self.root])
+        handle = len(self._active) - 1
+        self.extend(handle, token_ids)
+        return handle
+
+    def extend(self, handle: int, token_ids: Iterable[int]) -> None:
+        """Append tokens to a sequence: each new suffix ending at them is counted once."""
+        active = self._active[handle]
+        for token in token_ids:
+            grown = [self.root]
+            for node in active[: self.max_depth]:
+                child = node.children.get(token)
+                if child is None:
+                    child = node.children[token] = _Node()
+                child.count += 1
+                grown.append(child)
+            self.root.count += 1
+            active = grown
+        self._active[handle] = active
+
+    def find(self, pattern: Sequence[int]) -> _Node | None:
+        node = self.root
+        for token in pattern:
+            node = node.children.get(token)
+            if node is None:
+                return None
+        return node
+
+    def propose(
+        self, context: Sequence[int], max_span: int, span_factor: float, min_prob: float
+    ) -> tuple[list[int], int]:
+        """Span to verify after `context`, and the length of the suffix it was matched on.
+
+        Tries suffixes of the context from the longest to the shortest; the first
+        that yields a non-empty span wins. The span follows the most frequent child
+        (ties: smallest token id) while count(child)/count(node), multiplied along
+        the span, stays >= min_prob; it is at most min(max_span, span_factor *
+        match length) tokens and never leaves the depth limit.
+        """
+        longest = min(len(context), self.max_depth - 1)
+        for match_len in range(longest, 0, -1):
+            node = self.find(context[len(context) - match_len :])
+            if node is None:
+                continue
+            limit = min(max_span, int(span_factor * match_len), self.max_depth - match_len)
+            span = _follow(node, limit, min_prob)
+            if span:
+                return span, match_len
+        return [], 0
+
+    def check_integrity(self) -> None:
+        """Raise AssertionError if counts or depths are inconsistent."""
+        stack = [(self.root, 0)]
+        while stack:
+            node, depth = stack.pop()
+            assert depth <= self.max_depth, f"node deeper than {self.max_depth}"
+            assert node.count >= 1 or node is self.root, "empty node"
+            child_total = sum(child.count for child in node.children.values())
+            # each occurrence of path+[t] is an occurrence of path followed by t
+            assert child_total <= node.count, f"children count {child_total} > {node.count}"
+            stack.extend((child, depth + 1) for child in node.children.values())
+
+
+def _follow(node: _Node, limit: int, min_prob: float) -> list[int]:
+    span: list[int] = []
+    prob = 1.0
+    while len(span) < limit and node.children:
+        token, child = max(node.children.items(), key=lambda item: (item[1].count, -item[0]))
+        prob *= child.count / node.count
+        if prob < min_prob:
+            break
+        span.append(token)
+        node = child
+    return span

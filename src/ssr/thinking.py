@@ -1,0 +1,104 @@
+"""Thinking formats: where the chain of thought starts and ends, per model family.
+
+Reasoning models bring their own markers (read from the chat template). Instruct
+models that do not reason get a thinking *template*: a system instruction to
+reason inside <think>...</think>, the assistant turn prefilled with <think>, and
+an answer prefix forced after the end marker. Both `ar` and `ssr` use the same
+format, so the comparison stays like for like.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .config import ConfigError
+
+CODE_SYSTEM = (
+    "You are an expert Python programmer. First think inside <think> and </think>: "
+    "write a short plan in plain English prose (what each method must do, edge cases, "
+    "which modules to import). Do not write any code while thinking. After </think>, "
+    "answer with the complete code in one ```python code block."
+)
+PLAIN_SYSTEM = (
+    "You are a helpful assistant. First think step by step inside <think> and </think>, "
+    "then give your final answer after </think>."
+)
+
+
+@dataclass(frozen=True)
+class ThinkingFormat:
+    name: str
+    start: str  # text that opens the CoT (prefilled into the assistant turn)
+    end: str  # text that closes the CoT, when the model writes it
+    forced_end: str  # text forced when the budget runs out or a draft forks
+    answer_prefix: str  # forced right after the CoT closes; the answer starts with it
+    system: str | None = None  # system instruction (templates for non-reasoning models)
+    banned_while_thinking: tuple[str, ...] = ()  # tokens containing these get -inf in the CoT
+
+
+FORMATS = {
+    # native reasoning models
+    "think": ThinkingFormat("think", "<think>\n", "</think>", "\n</think>", "\n\n"),
+    "gemma4": ThinkingFormat(
+        "gemma4", "<|channel>thought\n", "<channel|>", "\n<channel|>", ""
+    ),
+    # templates for instruct models that do not reason by themselves
+    "code": ThinkingFormat(
+        "code",
+        "<think>\n",
+        "</think>",
+        "\n</think>",
+        "\n\n```python\n",
+        system=CODE_SYSTEM,
+        banned_while_thinking=("``",),
+    ),
+    "plain": ThinkingFormat(
+        "plain", "<think>\n", "</think>", "\n</think>", "\n\n", system=PLAIN_SYSTEM
+    ),
+}
+TEMPLATE_CHOICES = ("auto", "code", "plain")
+
+
+def detect_format(chat_template: str | None, template: str = "auto") -> ThinkingFormat:
+    """Native markers if the chat template has them, else the requested template.
+
+    template: "auto" (native markers, else the code template), "code" or "plain";
+    the latter two force the template even on reasoning models.
+    """
+    if template not in TEMPLATE_CHOICES:
+        raise ConfigError(f"--template must be one of {', '.join(TEMPLATE_CHOICES)}, got {template!r}")
+    if template != "auto":
+        return FORMATS[template]
+    text = chat_template or ""
+    if "<|channel>" in text:
+        return FORMATS["gemma4"]
+    if "<think>" in text:
+        return FORMATS["think"]
+    return FORMATS["code"]
+
+
+def build_messages(prompt: str, fmt: ThinkingFormat) -> list[dict[str, str]]:
+    messages = []
+    if fmt.system:
+        messages.append({"role": "system", "content": fmt.system})
+    messages.append({"role": "user", "content": prompt})
+    return messages
+
+
+def render_chat(chat_template: str | None, messages: list[dict[str, str]], bos: str, eos: str) -> str:
+    """Render a Hugging Face chat template (jinja) with a generation prompt.
+
+    Models without a template get ChatML, the format both registry models use.
+    """
+    if not chat_template:
+        text = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages)
+        return text + "<|im_start|>assistant\n"
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    def raise_exception(message: str) -> None:
+        raise ConfigError(f"chat template: {message}")
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    env.globals["raise_exception"] = raise_exception
+    return env.from_string(chat_template).render(
+        messages=messages, add_generation_prompt=True, bos_token=bos, eos_token=eos
+    )

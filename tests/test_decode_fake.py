@@ -1,0 +1,128 @@
+"""The decoding loop on the deterministic fake engine: identity, cleanup, budgets."""
+from collections import Counter
+
+import numpy as np
+import pytest
+from scipy.stats import chi2_contingency
+
+from ssr.config import GenerationConfig, SamplingParams, SuffixParams
+from ssr.decode import Generation
+from ssr.engines.fake import FakeEngine
+from ssr.thinking import FORMATS
+
+FMT = FORMATS["code"]
+PROMPT = [ord(c) for c in "Please complete the class Stack."]
+
+
+def run(mode, engine=None, **overrides):
+    engine = engine or FakeEngine()
+    options = dict(mode=mode, thinking_budget=40, draft_at=15, draft_tokens=30, max_tokens=60)
+    options.update(overrides)
+    return Generation(engine, FMT, GenerationConfig(**options), PROMPT).run(), engine
+
+
+@pytest.mark.parametrize("mode", ["ssr", "ssr-prefix", "ssr-suffix", "suffix", "pld"])
+@pytest.mark.parametrize("draft_at", [0, 7, 39])
+def test_greedy_identity_on_fake(mode, draft_at):
+    expected, _ = run("ar", draft_at=draft_at)
+    got, engine = run(mode, draft_at=draft_at)
+    assert got.cot_ids == expected.cot_ids
+    assert got.answer_ids == expected.answer_ids
+    assert got.answer == expected.answer
+    assert engine.live_sequences() == 0  # parent and children released
+
+
+def test_ssr_accepts_draft_and_saves_steps():
+    ar, _ = run("ar", draft_at=30)
+    ssr, _ = run("ssr", draft_at=30)
+    m = ssr.metrics
+    # the child writes one token at the fork and one per batched step until the CoT ends
+    assert m.draft_tokens == 1 + (40 - 30) and m.verify_passes >= 1
+    assert m.accepted_prefix_tokens + m.suffix_accepted_tokens > 0
+    assert m.batched_steps == 40 - 30  # the child rode along until the CoT ended
+    assert ssr.metrics.decode_steps < ar.metrics.decode_steps
+
+
+def test_stage_metrics_are_consistent():
+    result, _ = run("ssr")
+    m = result.metrics
+    assert m.cot_tokens == len(result.cot_ids) == 40 and m.cot_end == "budget"
+    assert m.answer_tokens == len(result.answer_ids)
+    assert 0 < m.first_answer_token_s <= m.total_s
+    staged = sum(v for k, v in m.seconds.items() if k != "draft")
+    assert staged == pytest.approx(m.total_s, rel=0.2, abs=0.01)
+    assert result.answer.startswith("```python")
+
+
+@pytest.mark.parametrize("max_tokens", [1, 2, 5, 17])
+@pytest.mark.parametrize("mode", ["ar", "ssr"])
+def test_max_tokens_is_exact(max_tokens, mode):
+    result, _ = run(mode, max_tokens=max_tokens, draft_tokens=30)
+    assert len(result.answer_ids) == max_tokens
+    assert result.metrics.stop == "max_tokens"
+
+
+def test_eos_inside_draft_ends_answer_exactly():
+    engine = FakeEngine(eos_bias=6.5)  # EOS likely within a few answer tokens
+    expected, _ = run("ar", engine=FakeEngine(eos_bias=6.5))
+    got, _ = run("ssr", engine=engine)
+    assert expected.metrics.stop == "eos"
+    assert got.answer_ids == expected.answer_ids and got.metrics.stop == "eos"
+    assert 0 not in got.answer_ids
+
+
+def test_zero_thinking_budget():
+    expected, _ = run("ar", thinking_budget=0, draft_at=0)
+    got, _ = run("suffix", thinking_budget=0, draft_at=0)
+    assert expected.cot_ids == [] and expected.metrics.cot_end == "budget"
+    assert got.answer_ids == expected.answer_ids
+
+
+def test_natural_end_marker_stops_thinking():
+    engine = FakeEngine()
+    forced = [ord(c) for c in "plan</think>"]  # the model "writes" the marker itself
+
+    class Scripted(FakeEngine):
+        def _logits(self, tokens):
+            logits = super()._logits(tokens)
+            written = len(tokens) - len(PROMPT) + 1  # CoT tokens fed so far, plus the next
+            if 0 < written <= len(forced):
+                logits[forced[written - 1]] = 100.0
+            return logits
+
+    result, _ = run("ssr", engine=Scripted(), draft_at=3)
+    assert result.metrics.cot_end == "natural"
+    assert result.cot_ids == forced and result.reasoning == "plan"
+    expected, _ = run("ar", engine=Scripted(), draft_at=3)
+    assert result.answer_ids == expected.answer_ids
+    del engine
+
+
+def answer_prefix_counts(mode, verify, seeds, positions=2, drift=1.5):
+    counts = Counter()
+    for seed in seeds:
+        config = GenerationConfig(
+            mode=mode, thinking_budget=6, draft_at=2, draft_tokens=4, max_tokens=positions,
+            sampling=SamplingParams(temperature=1.0, seed=seed), verify=verify,
+            suffix=SuffixParams(max_depth=8, max_span=4),
+        )
+        engine = FakeEngine(order=2, drift=drift)
+        counts[tuple(Generation(engine, FMT, config, PROMPT).run().answer_ids)] += 1
+    return counts
+
+
+def contingency_p(a, b):
+    keys = sorted(set(a) | set(b), key=lambda k: -(a[k] + b[k]))
+    head, rest = keys[:12], keys[12:]
+    table = [[a[k] for k in head] + [sum(a[k] for k in rest)],
+             [b[k] for k in head] + [sum(b[k] for k in rest)]]
+    table = np.array(table)
+    table = table[:, table.sum(axis=0) > 0]
+    return chi2_contingency(table).pvalue
+
+
+def test_sampling_distribution_matches_plain_decoding():
+    """Same answer distribution as `ar` at temperature 1 (two-sample chi-square)."""
+    ar = answer_prefix_counts("ar", "exact", range(0, 1500))
+    ssr = answer_prefix_counts("ssr", "exact", range(10000, 11500))
+    assert contingency_p(ar, ssr) > 1e-3

@@ -1,0 +1,114 @@
+"""Suffix tree against a brute-force oracle on random token streams."""
+import numpy as np
+import pytest
+
+from ssr.proposers import PromptLookupProposer, SuffixProposer
+from ssr.config import SuffixParams
+from ssr.suffix_tree import SuffixTree
+
+
+def brute_count(sequences, pattern, max_depth):
+    """Occurrences of pattern (length <= max_depth) inside any one sequence."""
+    if len(pattern) > max_depth:
+        return 0
+    n = len(pattern)
+    return sum(
+        1 for seq in sequences for i in range(len(seq) - n + 1) if list(seq[i : i + n]) == list(pattern)
+    )
+
+
+def brute_propose(sequences, context, max_depth, max_span, span_factor, min_prob):
+    """The proposal rule spelled out with brute-force counts."""
+    vocab = sorted({t for seq in sequences for t in seq})
+    for match_len in range(min(len(context), max_depth - 1), 0, -1):
+        pattern = list(context[len(context) - match_len :])
+        count = brute_count(sequences, pattern, max_depth)
+        if count == 0:
+            continue
+        limit = min(max_span, int(span_factor * match_len), max_depth - match_len)
+        span, prob = [], 1.0
+        while len(span) < limit:
+            path = pattern + span
+            counts = {t: brute_count(sequences, path + [t], max_depth) for t in vocab}
+            best = max(counts, key=lambda t: (counts[t], -t))
+            if counts[best] == 0:
+                break
+            prob *= counts[best] / brute_count(sequences, path, max_depth)
+            if prob < min_prob:
+                break
+            span.append(best)
+        if span:
+            return span, match_len
+    return [], 0
+
+
+def random_streams(rng, num, length, vocab):
+    # low-entropy streams (a repeated motif with noise) so that matches are long
+    motif = rng.integers(0, vocab, size=12)
+    streams = []
+    for _ in range(num):
+        seq = np.resize(motif, length).copy()
+        noise = rng.random(length) < 0.2
+        seq[noise] = rng.integers(0, vocab, size=noise.sum())
+        streams.append(seq.tolist())
+    return streams
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_counts_match_oracle(seed):
+    rng = np.random.default_rng(seed)
+    max_depth = int(rng.integers(2, 7))
+    streams = random_streams(rng, 3, 40, vocab=5)
+    tree = SuffixTree(max_depth)
+    for stream in streams:
+        handle = tree.add_sequence(stream[:10])
+        tree.extend(handle, stream[10:25])  # online growth in pieces
+        tree.extend(handle, stream[25:])
+    tree.check_integrity()
+    assert tree.root.count == sum(len(s) for s in streams)
+    for _ in range(200):
+        pattern = rng.integers(0, 5, size=int(rng.integers(1, max_depth + 2))).tolist()
+        node = tree.find(pattern)
+        expected = brute_count(streams, pattern, max_depth)
+        assert (node.count if node else 0) == expected, pattern
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_proposals_match_oracle(seed):
+    rng = np.random.default_rng(100 + seed)
+    max_depth, max_span = 8, int(rng.integers(1, 10))
+    span_factor, min_prob = float(rng.choice([0.5, 1.0, 2.0])), float(rng.choice([0.0, 0.1, 0.4]))
+    streams = random_streams(rng, 3, 50, vocab=4)
+    tree = SuffixTree(max_depth)
+    for stream in streams:
+        tree.add_sequence(stream)
+    for _ in range(60):
+        context = rng.integers(0, 4, size=int(rng.integers(1, 12))).tolist()
+        got = tree.propose(context, max_span, span_factor, min_prob)
+        assert got == brute_propose(streams, context, max_depth, max_span, span_factor, min_prob)
+
+
+def test_integrity_check_catches_corruption():
+    tree = SuffixTree(4)
+    tree.add_sequence([1, 2, 3, 1, 2, 4])
+    tree.check_integrity()
+    tree.root.children[1].count = 0  # break it: children now outnumber the node
+    with pytest.raises(AssertionError):
+        tree.check_integrity()
+
+
+def test_suffix_proposer_replays_draft_after_divergence():
+    draft = [10, 11, 12, 13, 14, 15, 16, 17]
+    proposer = SuffixProposer(SuffixParams(max_depth=16, max_span=8), seeds=[[1, 2, 3], draft])
+    proposer.observe([10, 11, 12])
+    assert proposer.propose(8)[:3] == [13, 14, 15]
+    proposer.observe([99, 14, 15])  # one token differs, the draft is found again
+    assert proposer.propose(2) == [16, 17]
+
+
+def test_prompt_lookup_proposer():
+    proposer = PromptLookupProposer([5, 6, 7, 8, 9, 5, 6], max_ngram=2, num_tokens=3)
+    assert proposer.propose(10) == [7, 8, 9]
+    assert proposer.propose(1) == [7]
+    proposer.observe([42])
+    assert proposer.propose(3) == []
