@@ -26,7 +26,7 @@ def brute_propose(sequences, context, max_depth, max_span, span_factor, min_prob
         if count == 0:
             continue
         limit = min(max_span, int(span_factor * match_len), max_depth - match_len)
-        span, prob = [], 1.0
+        span, probs, prob = [], [], 1.0
         while len(span) < limit:
             path = pattern + span
             counts = {t: brute_count(sequences, path + [t], max_depth) for t in vocab}
@@ -37,9 +37,10 @@ def brute_propose(sequences, context, max_depth, max_span, span_factor, min_prob
             if prob < min_prob:
                 break
             span.append(best)
+            probs.append(prob)
         if span:
-            return span, match_len
-    return [], 0
+            return span, probs, match_len
+    return [], [], 0
 
 
 def random_streams(rng, num, length, vocab):
@@ -85,7 +86,9 @@ def test_proposals_match_oracle(seed):
     for _ in range(60):
         context = rng.integers(0, 4, size=int(rng.integers(1, 12))).tolist()
         got = tree.propose(context, max_span, span_factor, min_prob)
-        assert got == brute_propose(streams, context, max_depth, max_span, span_factor, min_prob)
+        expected = brute_propose(streams, context, max_depth, max_span, span_factor, min_prob)
+        assert got[0] == expected[0] and got[2] == expected[2]
+        assert got[1] == pytest.approx(expected[1])
 
 
 def test_integrity_check_catches_corruption():
@@ -101,14 +104,14 @@ def test_suffix_proposer_replays_draft_after_divergence():
     draft = [10, 11, 12, 13, 14, 15, 16, 17]
     proposer = SuffixProposer(SuffixParams(max_depth=16, max_span=8), seeds=[[1, 2, 3], draft])
     proposer.observe([10, 11, 12])
-    assert proposer.propose(8)[:3] == [13, 14, 15]
+    assert proposer.propose(8)[0][:3] == [13, 14, 15]
     proposer.observe([99, 14, 15])  # one token differs, the draft is found again
-    assert proposer.propose(2) == [16, 17]
+    assert proposer.propose(2)[0] == [16, 17]
 
 
 def test_prompt_lookup_proposer():
     proposer = PromptLookupProposer([5, 6, 7, 8, 9, 5, 6], max_ngram=2, num_tokens=3)
-    assert proposer.propose(10) == [7, 8, 9]
-    assert proposer.propose(1) == [7]
+    assert proposer.propose(10) == ([7, 8, 9], None)
+    assert proposer.propose(1) == ([7], None)
     proposer.observe([42])
-    assert proposer.propose(3) == []
+    assert proposer.propose(3) == ([], None)

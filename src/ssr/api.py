@@ -1,17 +1,16 @@
 """The library's front door: a model loaded once, requests generated from prompts."""
 from __future__ import annotations
 
-from functools import cached_property
-
 from .config import GenerationConfig
 from .decode import Generation, Result
 from .engines import Engine, load_engine
 from .models import DEFAULT_MODEL
+from .policy import CostModel
 from .thinking import ThinkingFormat, build_messages, detect_format, render_chat
 
 
 class SSR:
-    """A model behind an engine, with its thinking format.
+    """A model behind an engine; each request picks its thinking format.
 
     >>> model = SSR("smollm2-135m")
     >>> result = model.generate("Write a function that adds two numbers.", GenerationConfig())
@@ -21,27 +20,35 @@ class SSR:
                  template: str = "auto", **engine_options) -> None:
         self.model_name = model
         self.engine: Engine = load_engine(model, engine, **engine_options)
-        self.format: ThinkingFormat = detect_format(self.engine.chat_template, template)
+        self.template = template  # default thinking format for requests
+        self.format(template)  # validate it now
+        self._banned: dict[tuple[str, ...], list[int]] = {}
+        self.costs = CostModel()  # engine costs, learnt across requests
 
-    def prompt_ids(self, prompt: str) -> list[int]:
+    def format(self, template: str | None = None) -> ThinkingFormat:
+        return detect_format(self.engine.chat_template, template or self.template)
+
+    def prompt_ids(self, prompt: str, template: str | None = None) -> list[int]:
         """Chat-templated prompt, the assistant turn opened with the thinking start marker."""
-        text = render_chat(self.engine.chat_template, build_messages(prompt, self.format),
+        fmt = self.format(template)
+        text = render_chat(self.engine.chat_template, build_messages(prompt, fmt),
                            self.engine.bos_text, self.engine.eos_text)
         add_bos = getattr(self.engine, "add_bos", False) and not text.startswith(self.engine.bos_text or "\0")
-        return self.engine.tokenize(text + self.format.start, add_bos=add_bos)
+        return self.engine.tokenize(text + fmt.start, add_bos=add_bos)
 
-    @cached_property
-    def banned_ids(self) -> list[int]:
+    def banned_ids(self, fmt: ThinkingFormat) -> list[int]:
         """Tokens whose text contains a banned substring (code fences while thinking)."""
-        banned = self.format.banned_while_thinking
-        if not banned:
-            return []
-        pieces = (self.engine.token_bytes(t).decode("utf-8", "ignore") for t in range(self.engine.vocab_size))
-        return [t for t, piece in enumerate(pieces) if any(b in piece for b in banned)]
+        banned = fmt.banned_while_thinking
+        if banned and banned not in self._banned:
+            pieces = (self.engine.token_bytes(t).decode("utf-8", "ignore") for t in range(self.engine.vocab_size))
+            self._banned[banned] = [t for t, piece in enumerate(pieces) if any(b in piece for b in banned)]
+        return self._banned.get(banned, [])
 
-    def start(self, prompt: str, config: GenerationConfig) -> Generation:
+    def start(self, prompt: str, config: GenerationConfig, template: str | None = None) -> Generation:
         """A request ready to iterate (streaming); `.result` once iterated."""
-        return Generation(self.engine, self.format, config, self.prompt_ids(prompt), self.banned_ids)
+        fmt = self.format(template)
+        return Generation(self.engine, fmt, config, self.prompt_ids(prompt, template), self.banned_ids(fmt),
+                          costs=self.costs)
 
-    def generate(self, prompt: str, config: GenerationConfig) -> Result:
-        return self.start(prompt, config).run()
+    def generate(self, prompt: str, config: GenerationConfig, template: str | None = None) -> Result:
+        return self.start(prompt, config, template).run()

@@ -38,6 +38,17 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--stream", action="store_true", help="print reasoning and answer as they come")
     gen.add_argument("--json", action="store_true", help="print one JSON object: text and metrics")
 
+    bench = commands.add_parser("bench", help="run modes side by side on benchmark items; print ratios to ar")
+    bench.add_argument("--suite", action="append", dest="suites",
+                       help="humaneval, classeval or longproc:<task>; repeatable (default classeval)")
+    bench.add_argument("--limit", type=int, default=10, help="items per suite (default 10)")
+    bench.add_argument("--modes", default="ar,ssr", help=f"comma-separated, from {', '.join(MODES)}")
+    bench.add_argument("--repeats", type=int, default=1, help="passes over the items, order alternating")
+    bench.add_argument("--out", default="results/bench", help="results folder; runs.jsonl there is rewritten")
+    bench.add_argument("--data-dir", default=None, help="datasets folder (default ../shared/datasets)")
+    add_model_arguments(bench)
+    add_generation_arguments(bench, with_mode=False)
+
     commands.add_parser("models", help="list the registry models and whether they are installed")
     return parser
 
@@ -51,9 +62,10 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
 
 
-def add_generation_arguments(parser: argparse.ArgumentParser) -> None:
+def add_generation_arguments(parser: argparse.ArgumentParser, with_mode: bool = True) -> None:
     defaults = GenerationConfig()
-    parser.add_argument("--mode", default=defaults.mode, choices=MODES, help="ar is plain decoding")
+    if with_mode:
+        parser.add_argument("--mode", default=defaults.mode, choices=MODES, help="ar is plain decoding")
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     parser.add_argument("--top-p", type=float, default=1.0)
     parser.add_argument("--top-k", type=int, default=0)
@@ -72,7 +84,7 @@ def add_generation_arguments(parser: argparse.ArgumentParser) -> None:
 def generation_config(args: argparse.Namespace) -> GenerationConfig:
     sampling = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed)
     return GenerationConfig(
-        mode=args.mode, sampling=sampling, thinking_budget=args.thinking_budget,
+        mode=getattr(args, "mode", "ar"), sampling=sampling, thinking_budget=args.thinking_budget,
         max_tokens=args.max_tokens, draft_at=args.draft_at, draft_tokens=args.draft_tokens,
         verify=args.verify,
     )
@@ -140,6 +152,37 @@ def cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from .bench.runner import format_table, run_bench, summarise
+    from .bench.suites import load_suite
+
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    unknown = [m for m in modes if m not in MODES]
+    if unknown or not modes:
+        raise ConfigError(f"--modes: unknown {', '.join(unknown) or 'empty list'}; choose from {', '.join(MODES)}")
+    if args.limit < 1 or args.repeats < 1:
+        raise ConfigError("--limit and --repeats must be >= 1")
+    config = generation_config(args)
+    for mode in modes:
+        GenerationConfig(**{**config.__dict__, "mode": mode})  # validate each mode's budgets
+    data_dir = Path(args.data_dir) if args.data_dir else None
+    items = [item for suite in (args.suites or ["classeval"]) for item in load_suite(suite, data_dir, args.limit)]
+    model = load_model(args)
+    out = Path(args.out) / "runs.jsonl"
+    rows = []
+    try:
+        rows = run_bench(model, items, modes, config, args.repeats, out)
+    finally:
+        if not rows and out.exists():  # interrupted: summarise what was written
+            rows = [json.loads(line) for line in out.read_text().splitlines() if line.strip()]
+        if rows:
+            print(format_table(summarise(rows)))
+            print(f"rows: {out}", file=sys.stderr)
+    return 0
+
+
 def cmd_models(args: argparse.Namespace) -> int:
     from .models import resolve_model
 
@@ -157,7 +200,8 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         args = build_parser().parse_args(argv)
-        return {"generate": cmd_generate, "models": cmd_models}[args.command](args)
+        commands = {"generate": cmd_generate, "bench": cmd_bench, "models": cmd_models}
+        return commands[args.command](args)
     except (UsageError, ConfigError) as error:
         print(f"ssr: error: {error}", file=sys.stderr)
         return 2

@@ -64,6 +64,8 @@ class GenerationConfig:
     draft_tokens: int = 256  # m: answer tokens the draft child may write
     verify: str = "exact"  # sampling only: "exact" rejection sampling or "approx" resampling
     suffix: SuffixParams = field(default_factory=SuffixParams)
+    adaptive_spans: bool = True  # cut spans to what the measured engine costs make worth it
+    verify_chunk: int = 16  # draft tokens in the first verify pass; doubles while all accepted
 
     def __post_init__(self) -> None:
         _check(self.mode in MODES, f"--mode must be one of {', '.join(MODES)}, got {self.mode!r}")
@@ -72,6 +74,7 @@ class GenerationConfig:
         _check(self.max_tokens >= 1, f"--max-tokens must be >= 1, got {self.max_tokens}")
         _check(self.draft_tokens >= 1, f"--draft-tokens must be >= 1, got {self.draft_tokens}")
         _check(self.draft_at >= 0, f"--draft-at must be >= 0, got {self.draft_at}")
+        _check(self.verify_chunk >= 1, f"--verify-chunk must be >= 1, got {self.verify_chunk}")
         if self.uses_draft:
             _check(
                 self.draft_at < self.thinking_budget,

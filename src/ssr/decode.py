@@ -15,11 +15,14 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
+import time
+
 import numpy as np
 
 from .config import ConfigError, GenerationConfig
 from .engines.base import Engine
 from .metrics import Metrics, StageClock
+from .policy import AcceptanceStats, CostModel, best_span_length
 from .proposers import PromptLookupProposer, Proposer, SuffixProposer
 from .sampling import sample, target_probs
 from .text import TextStream
@@ -64,7 +67,8 @@ class Generation:
     """Iterate for chunks as they are decoded; `result` is set when iteration ends."""
 
     def __init__(self, engine: Engine, fmt: ThinkingFormat, config: GenerationConfig,
-                 prompt_ids: Sequence[int], banned_ids: Sequence[int] = ()) -> None:
+                 prompt_ids: Sequence[int], banned_ids: Sequence[int] = (),
+                 costs: CostModel | None = None) -> None:
         if not prompt_ids:
             raise ConfigError("the prompt is empty")
         self.engine, self.fmt, self.config = engine, fmt, config
@@ -73,6 +77,8 @@ class Generation:
         self.forced_end_ids = engine.tokenize(fmt.forced_end)
         self.answer_prefix_ids = engine.tokenize(fmt.answer_prefix)
         self.rng = np.random.default_rng(config.sampling.seed)
+        self.costs = costs or CostModel()  # engine costs, learnt from this request's calls
+        self.span_stats = AcceptanceStats()  # for proposers that give no probabilities
         self.metrics = Metrics(mode=config.mode, prompt_tokens=len(prompt_ids))
         self.result: Result | None = None
         self._check_context()
@@ -135,10 +141,8 @@ class Generation:
             batch = [(parent, pending)]
             if draft is not None and draft.seq is not None:
                 batch.append((draft.seq, draft.token_ids[-1]))
-            logits = self.engine.step(batch)  # [len(batch), vocab]
-            metrics.decode_steps += 1
+            logits = self._step(batch)  # [len(batch), vocab]
             if len(batch) == 2:
-                metrics.batched_steps += 1
                 self._grow_draft(draft, logits[1], clock)
             row = logits[0].copy()
             row[self.banned_ids] = -np.inf
@@ -164,53 +168,100 @@ class Generation:
 
     def _close(self, parent: int, pending: int | None, cot_end: str, draft: Draft | None,
                proposer: Proposer | None) -> Iterator[Chunk]:
-        """Stage 2: force end marker + answer prefix, verify the draft, all in one pass."""
+        """Stage 2: force end marker + answer prefix and verify the draft, in chunks that
+        double while every draft token is accepted (the first chunk rides with the forced
+        tokens; an early mismatch wastes at most one chunk)."""
         forced = ([] if cot_end == "natural" else self.forced_end_ids) + self.answer_prefix_ids
         self._forced_ids = forced
         fed = ([] if pending is None else [pending]) + forced
-        draft_ids, draft_probs = [], None
+        draft_ids: list[int] = []
         if draft is not None and self.config.verifies_draft_prefix:
             draft_ids = draft.token_ids[: self.config.max_tokens]
-            draft_probs = np.stack(draft.probs[: len(draft_ids)]) if draft.probs else None
         base = self.engine.length(parent)
-        rows = self.engine.score(parent, fed + draft_ids)  # [len(fed) + k, vocab]
-        verdict = self._verdict(draft_ids, rows[len(fed) - 1 :], draft_probs)
-        self.engine.truncate(parent, base + len(fed) + verdict.num_accepted)
+        chunk = self.config.verify_chunk
+        rows = self._score(parent, fed + draft_ids[:chunk])  # [len(fed) + chunk, vocab]
+        target = rows[len(fed) - 1 :]  # [chunk + 1, vocab]: row i predicts draft position i
+        num_accepted = 0
+        while True:
+            chunk_ids = draft_ids[num_accepted : num_accepted + len(target) - 1]
+            verdict = self._verdict(chunk_ids, target, self._draft_probs(draft, num_accepted, len(chunk_ids)))
+            num_accepted += verdict.num_accepted
+            if verdict.recovered or num_accepted == len(draft_ids):
+                break
+            chunk *= 2
+            rows = self._score(parent, draft_ids[num_accepted : num_accepted + chunk])
+            target = np.concatenate([target[-1:], rows])  # [chunk + 1, vocab]
+        self.engine.truncate(parent, base + len(fed) + num_accepted)
         if draft_ids:
             self.metrics.verify_passes += 1
-            self.metrics.accepted_prefix_tokens = verdict.num_accepted
-            self._trace.append({"kind": "draft", "proposed": len(draft_ids), "accepted": verdict.num_accepted})
+            self.metrics.accepted_prefix_tokens = num_accepted
+            self._trace.append({"kind": "draft", "proposed": len(draft_ids), "accepted": num_accepted})
         if proposer is not None:
             proposer.observe(self.answer_prefix_ids)
         prefix = self.fmt.answer_prefix.lstrip()
         if prefix:
             self._answer_text.text = prefix
             yield Chunk("answer", prefix, tuple(self.answer_prefix_ids))
-        yield from self._commit(draft_ids[: verdict.num_accepted] + [verdict.next_token], proposer)
+        yield from self._commit(draft_ids[:num_accepted] + [verdict.next_token], proposer)
 
     def _continue(self, parent: int, proposer: Proposer | None) -> Iterator[Chunk]:
-        """Stage 3: propose a span, score it with the pending token, keep the longest match."""
+        """Stage 3: loop of
+        # 1. propose a span   # 2. score it with the pending token in one pass
+        # 3. verify           # 4. commit the accepted tokens, roll back the rest
+        # 5. observe (proposer and acceptance statistics)
+        """
         metrics = self.metrics
         while not metrics.stop:
             pending = self.answer_ids[-1]
-            remaining = self.config.max_tokens - len(self.answer_ids)
-            span = proposer.propose(remaining) if proposer is not None else []
+            span = self._propose(proposer)  # 1.
             if not span:
-                rows = self.engine.step([(parent, pending)])  # [1, vocab]
-                metrics.decode_steps += 1
+                rows = self._step([(parent, pending)])  # [1, vocab]
                 yield from self._commit([self._verdict([], rows).next_token], proposer)
                 continue
             base = self.engine.length(parent)
-            rows = self.engine.score(parent, [pending] + span)  # [k + 1, vocab]
-            verdict = self._verdict(span, rows)
-            self.engine.truncate(parent, base + 1 + verdict.num_accepted)
+            rows = self._score(parent, [pending] + span)  # 2. [k + 1, vocab]
+            verdict = self._verdict(span, rows)  # 3.
+            self.engine.truncate(parent, base + 1 + verdict.num_accepted)  # 4.
             metrics.verify_passes += 1
             metrics.suffix_proposed_tokens += len(span)
             metrics.suffix_accepted_tokens += verdict.num_accepted
+            self.span_stats.observe(len(span), verdict.num_accepted)  # 5.
             self._trace.append({"kind": "span", "proposed": len(span), "accepted": verdict.num_accepted})
             yield from self._commit(span[: verdict.num_accepted] + [verdict.next_token], proposer)
 
+    def _propose(self, proposer: Proposer | None) -> list[int]:
+        if proposer is None:
+            return []
+        span, probs = proposer.propose(self.config.max_tokens - len(self.answer_ids))
+        if span and self.config.adaptive_spans:
+            probs = probs if probs is not None else self.span_stats.probs(len(span))
+            span = span[: best_span_length(probs, self.costs)]
+        return span
+
     # -- helpers ------------------------------------------------------------------------
+
+    def _step(self, batch: list[tuple[int, int]]) -> np.ndarray:
+        """engine.step, timed: solo steps teach the cost model."""
+        start = time.perf_counter()
+        rows = self.engine.step(batch)
+        self.metrics.decode_steps += 1
+        if len(batch) == 1:
+            self.costs.observe_step(time.perf_counter() - start)
+        else:
+            self.metrics.batched_steps += 1
+        return rows
+
+    def _score(self, seq: int, token_ids: list[int]) -> np.ndarray:
+        """engine.score, timed for the cost model."""
+        start = time.perf_counter()
+        rows = self.engine.score(seq, token_ids)
+        self.costs.observe_score(len(token_ids), time.perf_counter() - start)
+        return rows
+
+    def _draft_probs(self, draft: Draft | None, start: int, count: int) -> np.ndarray | None:
+        if draft is None or not draft.probs or count == 0:
+            return None
+        return np.stack(draft.probs[start : start + count])  # [count, vocab]
 
     def _commit(self, token_ids: list[int], proposer: Proposer | None) -> Iterator[Chunk]:
         """Append answer tokens up to EOS or max_tokens; sets metrics.stop when done."""
@@ -244,7 +295,7 @@ class Generation:
 
     def _fork_draft(self, parent: int, pending: int, cot_len: int, clock: StageClock) -> Draft:
         draft = Draft(seq=self._own(self.engine.fork(parent)), forked_at=cot_len, started_s=clock.now())
-        rows = self.engine.score(draft.seq, [pending] + self.forced_end_ids + self.answer_prefix_ids)
+        rows = self._score(draft.seq, [pending] + self.forced_end_ids + self.answer_prefix_ids)
         self._grow_draft(draft, rows[-1], clock)
         return draft
 

@@ -15,8 +15,9 @@ class Proposer(Protocol):
     def observe(self, token_ids: Sequence[int]) -> None:
         """Tokens just committed to the output (forced answer prefix included)."""
 
-    def propose(self, max_tokens: int) -> list[int]:
-        """At most max_tokens guesses for the tokens that follow; [] for none."""
+    def propose(self, max_tokens: int) -> tuple[list[int], list[float] | None]:
+        """At most max_tokens guesses for the tokens that follow ([] for none), and the
+        estimated probability that each prefix of them is right (None: no estimate)."""
 
 
 class SuffixProposer:
@@ -34,14 +35,14 @@ class SuffixProposer:
         self.tree.extend(self._live, token_ids)
         self._context = (self._context + list(token_ids))[-self.params.max_depth :]
 
-    def propose(self, max_tokens: int) -> list[int]:
-        span, _ = self.tree.propose(
+    def propose(self, max_tokens: int) -> tuple[list[int], list[float] | None]:
+        span, probs, _ = self.tree.propose(
             self._context,
             min(max_tokens, self.params.max_span),
             self.params.span_factor,
             self.params.min_prob,
         )
-        return span
+        return span, probs
 
 
 class PromptLookupProposer:
@@ -55,7 +56,7 @@ class PromptLookupProposer:
     def observe(self, token_ids: Sequence[int]) -> None:
         self.tokens.extend(token_ids)
 
-    def propose(self, max_tokens: int) -> list[int]:
+    def propose(self, max_tokens: int) -> tuple[list[int], list[float] | None]:
         limit = min(max_tokens, self.num_tokens)
         tokens = self.tokens
         for size in range(min(self.max_ngram, len(tokens) - 1), 0, -1):
@@ -63,5 +64,5 @@ class PromptLookupProposer:
             # most recent earlier occurrence, as transformers' prompt lookup does (first found)
             for start in range(len(tokens) - size - 1, -1, -1):
                 if tokens[start : start + size] == ngram:
-                    return tokens[start + size : start + size + limit]
-        return []
+                    return tokens[start + size : start + size + limit], None
+        return [], None

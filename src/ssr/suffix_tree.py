@@ -57,8 +57,9 @@ class SuffixTree:
 
     def propose(
         self, context: Sequence[int], max_span: int, span_factor: float, min_prob: float
-    ) -> tuple[list[int], int]:
-        """Span to verify after `context`, and the length of the suffix it was matched on.
+    ) -> tuple[list[int], list[float], int]:
+        """Span to verify after `context`, the estimated probability that each prefix of
+        it is right, and the length of the suffix it was matched on.
 
         Tries suffixes of the context from the longest to the shortest; the first
         that yields a non-empty span wins. The span follows the most frequent child
@@ -72,10 +73,10 @@ class SuffixTree:
             if node is None:
                 continue
             limit = min(max_span, int(span_factor * match_len), self.max_depth - match_len)
-            span = _follow(node, limit, min_prob)
+            span, probs = _follow(node, limit, min_prob)
             if span:
-                return span, match_len
-        return [], 0
+                return span, probs, match_len
+        return [], [], 0
 
     def check_integrity(self) -> None:
         """Raise AssertionError if counts or depths are inconsistent."""
@@ -90,8 +91,9 @@ class SuffixTree:
             stack.extend((child, depth + 1) for child in node.children.values())
 
 
-def _follow(node: _Node, limit: int, min_prob: float) -> list[int]:
+def _follow(node: _Node, limit: int, min_prob: float) -> tuple[list[int], list[float]]:
     span: list[int] = []
+    probs: list[float] = []  # probs[i]: product of count(child)/count(node) up to span[i]
     prob = 1.0
     while len(span) < limit and node.children:
         token, child = max(node.children.items(), key=lambda item: (item[1].count, -item[0]))
@@ -99,5 +101,6 @@ def _follow(node: _Node, limit: int, min_prob: float) -> list[int]:
         if prob < min_prob:
             break
         span.append(token)
+        probs.append(prob)
         node = child
-    return span
+    return span, probs

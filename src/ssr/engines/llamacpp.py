@@ -1,13 +1,27 @@
 """llama.cpp engine through llama-cpp-python's low-level API.
 
-Several sequences live in one context with a unified KV cache, so `fork` only
-tags the parent's cells with the child's sequence id (llama_memory_seq_cp) and
-`step` decodes one token of every sequence in a single llama_decode.
+Several sequences live in one context and `step` decodes one token of each in a
+single llama_decode; `fork` copies the parent's KV stream (llama_memory_seq_cp),
+no recompute.
+
+Lossless needs batch-invariant kernels: the logits of a token must not depend on
+what else is in the forward pass. Measured on the CPU backend, each of these
+broke that, by up to ~1 logit, and is switched off here:
+- a unified KV cache: a child's cells interleave with the parent's and shift them
+  against the SIMD lanes of the attention reductions -> one stream per sequence;
+- flash attention's split-KV path (one query, >= 512 cells) and tiled path
+  (>= 64 queries), taken only with F16/F32 K -> K cache in q8_0, so every query
+  takes the same one-chunk path;
+- repacked weights (extra buffer types) and llamafile's sgemm, which switch
+  kernels with the number of tokens -> use_extra_bufts off, and llama.cpp built
+  with GGML_LLAMAFILE=OFF (see README).
+With these, stepping alone, stepping batched with children, scoring k tokens in
+one pass and truncating give bit-identical logits (tests/test_engine_contract.py).
 """
 from __future__ import annotations
 
 import ctypes
-import logging
+import functools
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -17,26 +31,43 @@ import numpy as np
 from .base import EngineError
 
 
+KV_TYPES = {"f32": 0, "f16": 1, "q8_0": 8}  # ggml_type ids
+
+
+@functools.cache
+def _silent_log():
+    """A do-nothing log callback, created once and kept alive (llama.cpp holds the pointer)."""
+    import llama_cpp
+
+    return llama_cpp.llama_log_callback(lambda level, text, user_data: None)
+
+
 class LlamaCppEngine:
     def __init__(self, model_path: str | Path, context_size: int = 8192, max_sequences: int = 4,
-                 batch_size: int = 512, threads: int | None = None, verbose: bool = False) -> None:
+                 batch_size: int = 512, threads: int | None = None, verbose: bool = False,
+                 flash_attention: bool = True, k_type: str = "q8_0", v_type: str = "f16",
+                 kv_unified: bool = False, repack: bool = False) -> None:
         import llama_cpp
 
         self._lib = lib = llama_cpp
-        logging.getLogger("llama-cpp-python").setLevel(logging.DEBUG if verbose else logging.ERROR)
+        if not verbose:  # llama.cpp logs to stderr at load; keep the CLI's output clean
+            lib.llama_log_set(_silent_log(), ctypes.c_void_p(0))
         lib.llama_backend_init()
         model_params = lib.llama_model_default_params()
+        model_params.use_extra_bufts = repack
         self._model = lib.llama_model_load_from_file(str(model_path).encode(), model_params)
         if not self._model:
             raise EngineError(f"llama.cpp could not load {model_path}")
         threads = threads or os.cpu_count() or 1
         params = lib.llama_context_default_params()
-        params.n_ctx = context_size
+        params.n_ctx = context_size * (1 if kv_unified else max_sequences)  # context_size per sequence
         params.n_batch = params.n_ubatch = batch_size
         params.n_seq_max = max_sequences
-        params.kv_unified = True  # children share the parent's cells: fork copies nothing
+        params.kv_unified = kv_unified
         params.n_threads = params.n_threads_batch = threads
         params.no_perf = True
+        params.flash_attn_type = 1 if flash_attention else 0
+        params.type_k, params.type_v = KV_TYPES[k_type], KV_TYPES[v_type]
         self._ctx = lib.llama_init_from_model(self._model, params)
         if not self._ctx:
             lib.llama_model_free(self._model)
@@ -49,7 +80,7 @@ class LlamaCppEngine:
         self.name = self.model_path.stem
         self.batch_size = batch_size
         self.threads = threads
-        self.context_size = lib.llama_n_ctx(self._ctx)
+        self.context_size = lib.llama_n_ctx(self._ctx) // (1 if kv_unified else max_sequences)
         self.max_sequences = max_sequences
         self.vocab_size = lib.llama_vocab_n_tokens(self._vocab)
         self.eos_ids = frozenset(t for t in range(self.vocab_size) if lib.llama_vocab_is_eog(self._vocab, t))

@@ -1,0 +1,1 @@
+"""Benchmarks: suites of real prompts, modes run side by side, ratios to `ar`."""

@@ -1,0 +1,70 @@
+"""CLI: bad input gives one clear line and exit code 2; the happy path prints text + stats."""
+import json
+import re
+import subprocess
+import sys
+
+import pytest
+
+from ssr.cli import main
+
+
+def run_cli(*args, stdin=None):
+    proc = subprocess.run([sys.executable, "-m", "ssr.cli", *args], capture_output=True, text=True,
+                          input=stdin, timeout=300)
+    return proc.returncode, proc.stdout, proc.stderr
+
+
+BAD_INPUT = [
+    (["generate", ""], "prompt is empty"),
+    (["generate", "   "], "prompt is empty"),
+    (["generate"], "prompt is empty"),
+    (["generate", "hi", "--draft-at", "100", "--thinking-budget", "100"], "--draft-at (100) must be smaller"),
+    (["generate", "hi", "--draft-at", "-1"], "--draft-at must be >= 0"),
+    (["generate", "hi", "--max-tokens", "-5"], "--max-tokens must be >= 1"),
+    (["generate", "hi", "--thinking-budget", "-1"], "--thinking-budget must be >= 0"),
+    (["generate", "hi", "--temperature", "-0.5"], "--temperature must be >= 0"),
+    (["generate", "hi", "--top-p", "0"], "--top-p must be in (0, 1]"),
+    (["generate", "hi", "--draft-tokens", "0"], "--draft-tokens must be >= 1"),
+    (["generate", "hi", "--model", "no-such-model"], "unknown model 'no-such-model'"),
+    (["generate", "hi", "--model", "/etc/hostname"], "is not a GGUF file"),
+    (["generate", "hi", "--model", "/"], "is not a readable file"),
+    (["generate", "--prompt-file", "/no/such/file"], "cannot read prompt file"),
+    (["generate", "hi", "--prompt-file", "/etc/hostname"], "not both"),
+    (["generate", "hi", "--max-tokens", "many"], "invalid int value"),
+    (["generate", "hi", "--mode", "fast"], "invalid choice"),
+    (["generate", "hi", "--context-size", "8"], "--context-size must be >= 64"),
+    (["frobnicate"], "invalid choice"),
+]
+
+
+@pytest.mark.parametrize("argv,message", BAD_INPUT, ids=[" ".join(a) or "empty" for a, _ in BAD_INPUT])
+def test_bad_input_one_line_exit_2(argv, message, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err
+    assert err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_prompt_too_long_for_context(capsys):
+    assert main(["generate", "word " * 3000, "--context-size", "1024"]) == 2
+    assert "more than the context holds" in capsys.readouterr().err
+
+
+def test_generate_json_end_to_end():
+    code, out, err = run_cli("generate", "Write a function is_even(n).", "--json", "--thinking-budget", "48",
+                             "--draft-at", "16", "--draft-tokens", "32", "--max-tokens", "48")
+    assert code == 0, err
+    payload = json.loads(out)
+    assert payload["answer"].startswith("```python")
+    metrics = payload["metrics"]
+    assert metrics["cot_tokens"] == len(payload["cot_ids"]) and metrics["draft_tokens"] > 0
+    assert set(metrics["seconds"]) == {"prefill", "cot", "draft", "verify", "continuation"}
+
+
+def test_generate_stream_and_stdin():
+    code, out, err = run_cli("generate", "-", "--stream", "--mode", "ar", "--thinking-budget", "24",
+                             "--max-tokens", "24", "--draft-at", "8", stdin="Add two numbers in Python.")
+    assert code == 0, err
+    assert "```python" in out
+    assert re.match(r"ar: [\d.]+s \| cot \d+ tok \((natural|budget|eos)\)", err), err

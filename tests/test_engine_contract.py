@@ -1,0 +1,101 @@
+"""The engine protocol, one suite for every engine.
+
+Beyond shapes and bookkeeping, the suite demands batch invariance: a sequence's
+logits are bit-identical whether it steps alone, steps batched with a forked
+child, or has k tokens scored in one pass, also past 512 cached tokens. Greedy
+SSR is token-identical to plain decoding because of this.
+"""
+import numpy as np
+import pytest
+
+from ssr.engines import EngineError, load_engine
+
+TEXT = "def area(radius):\n    return 3.14159 * radius ** 2\n# compute the area of circles, then print\n" * 60
+
+ENGINES = [
+    pytest.param(("fake", {}), id="fake"),
+    pytest.param(("llama.cpp", {"model": "smollm2-135m"}), id="llama.cpp-smollm2"),
+    pytest.param(("llama.cpp", {"model": "qwen2.5-coder-0.5b"}), id="llama.cpp-qwen", marks=pytest.mark.slow),
+]
+
+
+@pytest.fixture(scope="module", params=ENGINES)
+def engine(request):
+    kind, options = request.param
+    if kind == "fake":
+        return load_engine("", "fake")
+    return load_engine(options["model"], kind, context_size=2048)
+
+
+def tokens(engine, start, count):
+    ids = engine.tokenize(TEXT)
+    assert len(ids) >= start + count
+    return ids[start : start + count]
+
+
+def solo_steps(engine, prompt, fed):
+    seq = engine.prefill(prompt)
+    rows = np.stack([engine.step([(seq, t)])[0] for t in fed])  # [len(fed), vocab]
+    engine.release(seq)
+    return rows
+
+
+def test_shapes_and_lengths(engine):
+    prompt = tokens(engine, 0, 20)
+    seq = engine.prefill(prompt)
+    assert engine.length(seq) == 20
+    rows = engine.step([(seq, prompt[0])])
+    assert rows.shape == (1, engine.vocab_size)
+    rows = engine.score(seq, prompt[:7])
+    assert rows.shape == (7, engine.vocab_size) and engine.length(seq) == 28
+    engine.truncate(seq, 10)
+    assert engine.length(seq) == 10
+    engine.release(seq)
+
+
+def test_fork_shares_prefix_without_recompute(engine):
+    prompt, fed = tokens(engine, 0, 30), tokens(engine, 30, 3)
+    parent = engine.prefill(prompt)
+    child = engine.fork(parent)
+    assert engine.length(child) == 30
+    rows = engine.step([(parent, fed[0]), (child, fed[0])])  # [2, vocab]
+    assert np.array_equal(rows[0], rows[1])
+    engine.release(child)
+    engine.release(parent)
+
+
+def test_batched_score_and_truncate_are_bit_identical_to_solo_steps(engine):
+    """Past 512 cached tokens too, where llama.cpp's kernels would otherwise switch."""
+    prompt, fed = tokens(engine, 0, 480), tokens(engine, 480, 90)
+    expected = solo_steps(engine, prompt, fed)  # [90, vocab]
+    seq = engine.prefill(prompt)
+    got = [engine.step([(seq, t)])[0] for t in fed[:10]]
+    child = engine.fork(seq)
+    for t in fed[10:50]:
+        got.append(engine.step([(seq, t), (child, 7)])[0])  # the child rides along
+    engine.release(child)
+    got.extend(engine.score(seq, fed[50:80]))  # one pass of 30 tokens
+    length = engine.length(seq)
+    engine.score(seq, fed[:12])  # rejected speculation ...
+    engine.truncate(seq, length)  # ... rolled back
+    got.extend(engine.step([(seq, t)])[0] for t in fed[80:])
+    engine.release(seq)
+    got = np.stack(got)
+    differing = np.nonzero(np.abs(got - expected).max(axis=1))[0]
+    assert differing.size == 0, f"rows {differing[:10].tolist()} differ, max {np.abs(got - expected).max():.3g}"
+
+
+def test_release_frees_sequences(engine):
+    prompt = tokens(engine, 0, 8)
+    seqs = [engine.prefill(prompt) for _ in range(engine.max_sequences)]
+    with pytest.raises(EngineError):
+        engine.prefill(prompt)
+    for seq in seqs:
+        engine.release(seq)
+    engine.release(engine.prefill(prompt))  # a slot is free again
+    assert engine.live_sequences() == 0
+
+
+def test_token_bytes_round_trip(engine):
+    text = "def f(x):\n    return x"
+    assert b"".join(engine.token_bytes(t) for t in engine.tokenize(text)).decode() == text

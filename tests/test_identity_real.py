@@ -1,0 +1,74 @@
+"""Lossless, tested: SSR equals plain decoding token for token under greedy, real weights.
+
+A divergence fails unless it is a near tie (the two tokens' logits within
+NEAR_TIE of each other), which is reported with its logit gap: batched and
+single-token passes round differently, so exact ties can flip.
+"""
+import pytest
+
+from ssr import SSR, GenerationConfig
+from ssr.lossless import first_divergence
+
+from prompts import classeval_prompts, humaneval_prompts
+
+NEAR_TIE = 0.1  # logits; llama.cpp's batched vs single-token rounding differences are far smaller
+
+
+@pytest.fixture(scope="module")
+def smollm():
+    return SSR("smollm2-135m", context_size=4096)
+
+
+def check_identity(model, prompt, report, **budgets):
+    ar = model.generate(prompt, GenerationConfig(mode="ar", **budgets))
+    ssr = model.generate(prompt, GenerationConfig(mode="ssr", **budgets))
+    assert model.engine.live_sequences() == 0
+    divergence = first_divergence(model.engine, model.prompt_ids(prompt), ar, ssr)
+    if divergence is not None:
+        report.append(divergence.describe())
+        assert divergence.logit_gap <= NEAR_TIE, divergence.describe()
+    return ar, ssr
+
+
+SMOL_PROMPTS = humaneval_prompts(16) + classeval_prompts(4)
+
+
+@pytest.mark.parametrize("index", range(len(SMOL_PROMPTS)))
+def test_smollm_greedy_identity(smollm, index, record_property):
+    report = []
+    ar, ssr = check_identity(smollm, SMOL_PROMPTS[index], report, thinking_budget=96,
+                             draft_at=32, draft_tokens=64, max_tokens=96)
+    record_property("divergence", report)
+    m = ssr.metrics
+    assert m.draft_tokens > 0 and m.verify_passes >= 1
+    print(f"[{index}] accepted prefix {m.accepted_prefix_tokens}, suffix {m.suffix_accepted_tokens}"
+          f"/{m.suffix_proposed_tokens}; {report or 'identical'}")
+
+
+@pytest.mark.parametrize("mode", ["ssr-prefix", "ssr-suffix", "suffix", "pld"])
+def test_smollm_other_modes_identity(smollm, mode):
+    prompt = SMOL_PROMPTS[0]
+    budgets = dict(thinking_budget=64, draft_at=16, draft_tokens=48, max_tokens=64)
+    ar = smollm.generate(prompt, GenerationConfig(mode="ar", **budgets))
+    got = smollm.generate(prompt, GenerationConfig(mode=mode, **budgets))
+    divergence = first_divergence(smollm.engine, smollm.prompt_ids(prompt), ar, got)
+    assert divergence is None or divergence.logit_gap <= NEAR_TIE, divergence.describe()
+
+
+QWEN_PROMPTS = classeval_prompts(3, start=10) or humaneval_prompts(3)
+
+
+@pytest.fixture(scope="module")
+def qwen():
+    return SSR("qwen2.5-coder-0.5b", context_size=4096)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("index", range(len(QWEN_PROMPTS)))
+def test_qwen_greedy_identity(qwen, index):
+    report = []
+    ar, ssr = check_identity(qwen, QWEN_PROMPTS[index], report, thinking_budget=192,
+                             draft_at=64, draft_tokens=128, max_tokens=160)
+    m = ssr.metrics
+    print(f"[{index}] accepted prefix {m.accepted_prefix_tokens}, suffix {m.suffix_accepted_tokens}"
+          f"/{m.suffix_proposed_tokens}; {report or 'identical'}")
