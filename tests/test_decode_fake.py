@@ -92,7 +92,7 @@ def test_natural_end_marker_stops_thinking():
 
     result, _ = run("ssr", engine=Scripted(), draft_at=3)
     assert result.metrics.cot_end == "natural"
-    assert result.cot_ids == forced and result.reasoning == "plan"
+    assert result.cot_ids == forced and result.reasoning == FMT.steer + "plan"
     expected, _ = run("ar", engine=Scripted(), draft_at=3)
     assert result.answer_ids == expected.answer_ids
     del engine

@@ -34,7 +34,7 @@ class SSR:
         text = render_chat(self.engine.chat_template, build_messages(prompt, fmt),
                            self.engine.bos_text, self.engine.eos_text)
         add_bos = getattr(self.engine, "add_bos", False) and not text.startswith(self.engine.bos_text or "\0")
-        return self.engine.tokenize(text + fmt.start, add_bos=add_bos)
+        return self.engine.tokenize(text + fmt.start + fmt.steer, add_bos=add_bos)
 
     def banned_ids(self, fmt: ThinkingFormat) -> list[int]:
         """Tokens whose text contains a banned substring (code fences while thinking)."""

@@ -79,6 +79,10 @@ def add_generation_arguments(parser: argparse.ArgumentParser, with_mode: bool = 
                         help="m: answer tokens the draft may write")
     parser.add_argument("--verify", default=defaults.verify, choices=VERIFY_MODES,
                         help="sampling: exact rejection sampling or approx (resample from target)")
+    parser.add_argument("--verify-chunk", type=int, default=defaults.verify_chunk,
+                        help="draft tokens in the first verify pass; doubles while all are accepted")
+    parser.add_argument("--all-spans", action="store_true",
+                        help="verify every proposed span whole (default: cut spans to what measured costs justify)")
 
 
 def generation_config(args: argparse.Namespace) -> GenerationConfig:
@@ -86,7 +90,7 @@ def generation_config(args: argparse.Namespace) -> GenerationConfig:
     return GenerationConfig(
         mode=getattr(args, "mode", "ar"), sampling=sampling, thinking_budget=args.thinking_budget,
         max_tokens=args.max_tokens, draft_at=args.draft_at, draft_tokens=args.draft_tokens,
-        verify=args.verify,
+        verify=args.verify, verify_chunk=args.verify_chunk, adaptive_spans=not args.all_spans,
     )
 
 

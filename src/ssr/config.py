@@ -59,8 +59,8 @@ class GenerationConfig:
     mode: str = "ssr"  # one of MODES; "ar" is plain decoding
     sampling: SamplingParams = field(default_factory=SamplingParams)
     thinking_budget: int = 1024  # b_v: CoT tokens before the end of thinking is forced
-    max_tokens: int = 1024  # answer tokens at most (forced answer prefix not counted)
-    draft_at: int = 256  # b_d: CoT tokens before the draft child forks
+    max_tokens: int = 1536  # answer tokens at most (forced answer prefix not counted)
+    draft_at: int = 64  # b_d: CoT tokens before the draft child forks
     draft_tokens: int = 256  # m: answer tokens the draft child may write
     verify: str = "exact"  # sampling only: "exact" rejection sampling or "approx" resampling
     suffix: SuffixParams = field(default_factory=SuffixParams)

@@ -131,7 +131,9 @@ class Generation:
     def _think(self, parent: int, pending: int, clock: StageClock):
         """Stage 1: returns (cot_ids, pending token or None, how the CoT ended, draft)."""
         config, metrics = self.config, self.metrics
-        self._reasoning_text = stream = TextStream(self.fmt.end)
+        self._reasoning_text = stream = TextStream(self.fmt.end, shown=self.fmt.steer)
+        if self.fmt.steer:  # prefilled by the prompt, shown as the reasoning's start
+            yield Chunk("reasoning", self.fmt.steer, ())
         cot_ids: list[int] = []
         draft: Draft | None = None
         cot_end = "budget"
@@ -199,8 +201,8 @@ class Generation:
         if proposer is not None:
             proposer.observe(self.answer_prefix_ids)
         prefix = self.fmt.answer_prefix.lstrip()
+        self._answer_text = TextStream(shown=prefix)
         if prefix:
-            self._answer_text.text = prefix
             yield Chunk("answer", prefix, tuple(self.answer_prefix_ids))
         yield from self._commit(draft_ids[:num_accepted] + [verdict.next_token], proposer)
 

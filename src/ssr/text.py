@@ -11,12 +11,12 @@ class TextStream:
     not to be; once the marker appears, it and everything after it is dropped.
     """
 
-    def __init__(self, stop_marker: str = "") -> None:
+    def __init__(self, stop_marker: str = "", shown: str = "") -> None:
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self._marker = stop_marker  # e.g. "</think>": never shown to the reader
         self._held = ""  # text not yet emitted
         self.stopped = False  # the marker was seen
-        self.text = ""  # everything emitted so far
+        self.text = shown  # everything emitted so far (`shown`: emitted by the caller already)
 
     def push(self, data: bytes) -> str:
         if self.stopped:

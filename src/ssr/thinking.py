@@ -13,11 +13,12 @@ from dataclasses import dataclass
 from .config import ConfigError
 
 CODE_SYSTEM = (
-    "You are an expert Python programmer. First think inside <think> and </think>: "
-    "write a short plan in plain English prose (what each method must do, edge cases, "
-    "which modules to import). Do not write any code while thinking. After </think>, "
-    "answer with the complete code in one ```python code block."
+    "You are an expert Python programmer. Before writing any code, think inside <think> and </think>. "
+    "Thinking is a short plan in plain English only: for each method, one or two sentences on what it does "
+    "and its edge cases. Never write code, signatures or code tags while thinking. After </think>, write the "
+    "complete code in one ```python code block."
 )
+CODE_PLAN_STEER = "Plan (plain English, no code):\n1."  # steers a prose plan from the first token
 PLAIN_SYSTEM = (
     "You are a helpful assistant. First think step by step inside <think> and </think>, "
     "then give your final answer after </think>."
@@ -33,6 +34,7 @@ class ThinkingFormat:
     answer_prefix: str  # forced right after the CoT closes; the answer starts with it
     system: str | None = None  # system instruction (templates for non-reasoning models)
     banned_while_thinking: tuple[str, ...] = ()  # tokens containing these get -inf in the CoT
+    steer: str = ""  # prefilled after the start marker; shown as the start of the reasoning
 
 
 FORMATS = {
@@ -50,6 +52,7 @@ FORMATS = {
         "\n\n```python\n",
         system=CODE_SYSTEM,
         banned_while_thinking=("``",),
+        steer=CODE_PLAN_STEER,
     ),
     "plain": ThinkingFormat(
         "plain", "<think>\n", "</think>", "\n</think>", "\n\n", system=PLAIN_SYSTEM

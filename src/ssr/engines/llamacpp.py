@@ -12,9 +12,10 @@ broke that, by up to ~1 logit, and is switched off here:
 - flash attention's split-KV path (one query, >= 512 cells) and tiled path
   (>= 64 queries), taken only with F16/F32 K -> K cache in q8_0, so every query
   takes the same one-chunk path;
-- repacked weights (extra buffer types) and llamafile's sgemm, which switch
-  kernels with the number of tokens -> use_extra_bufts off, and llama.cpp built
-  with GGML_LLAMAFILE=OFF (see README).
+- repacked weights (extra buffer types, a GEMM from 4 tokens) and the tiled
+  K-quant matmul (from 8 tokens), which switch kernels with the number of tokens
+  -> use_extra_bufts off, and GGML_CPU_TILED_MM=0 in the environment (set here
+  unless the user set it; ggml reads it once per process).
 With these, stepping alone, stepping batched with children, scoring k tokens in
 one pass and truncating give bit-identical logits (tests/test_engine_contract.py).
 """
@@ -50,6 +51,7 @@ class LlamaCppEngine:
         import llama_cpp
 
         self._lib = lib = llama_cpp
+        os.environ.setdefault("GGML_CPU_TILED_MM", "0")  # see the module docstring
         if not verbose:  # llama.cpp logs to stderr at load; keep the CLI's output clean
             lib.llama_log_set(_silent_log(), ctypes.c_void_p(0))
         lib.llama_backend_init()
