@@ -62,7 +62,9 @@ def test_generate_json_end_to_end():
     payload = json.loads(out)
     assert payload["answer"].startswith("```python")
     metrics = payload["metrics"]
-    assert metrics["cot_tokens"] == len(payload["cot_ids"]) and metrics["draft_tokens"] > 0
+    assert metrics["cot_tokens"] == len(payload["cot_ids"])
+    if metrics["cot_tokens"] > 16:  # reached b_d
+        assert metrics["draft_tokens"] > 0
     assert set(metrics["seconds"]) == {"prefill", "cot", "draft", "verify", "continuation"}
 
 

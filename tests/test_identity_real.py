@@ -40,7 +40,8 @@ def test_smollm_greedy_identity(smollm, index, record_property):
                              draft_at=32, draft_tokens=64, max_tokens=96)
     record_property("divergence", report)
     m = ssr.metrics
-    assert m.draft_tokens > 0 and m.verify_passes >= 1
+    if m.cot_tokens > 32:  # the CoT reached b_d: a draft was written and verified
+        assert m.draft_tokens > 0 and m.verify_passes >= 1
     print(f"[{index}] accepted prefix {m.accepted_prefix_tokens}, suffix {m.suffix_accepted_tokens}"
           f"/{m.suffix_proposed_tokens}; {report or 'identical'}")
 
