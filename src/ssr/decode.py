@@ -99,7 +99,6 @@ class Generation:
         self._live: set[int] = set()
         self._trace: list[dict] = []
         self.answer_ids: list[int] = []
-        self._answer_text = TextStream()
         try:
             parent = self._own(self.engine.prefill(self.prompt_ids[:-1]))
             since = clock.add("prefill", 0.0)
@@ -197,7 +196,8 @@ class Generation:
         if draft_ids:
             self.metrics.verify_passes += 1
             self.metrics.accepted_prefix_tokens = num_accepted
-            self._trace.append({"kind": "draft", "proposed": len(draft_ids), "accepted": num_accepted})
+            self._trace.append({"kind": "draft", "forked_at": draft.forked_at, "proposed": len(draft_ids),
+                                "accepted": num_accepted})
         if proposer is not None:
             proposer.observe(self.answer_prefix_ids)
         prefix = self.fmt.answer_prefix.lstrip()
