@@ -157,6 +157,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
+    from dataclasses import replace
     from pathlib import Path
 
     from .bench.runner import format_table, run_bench, summarise
@@ -170,7 +171,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         raise ConfigError("--limit and --repeats must be >= 1")
     config = generation_config(args)
     for mode in modes:
-        GenerationConfig(**{**config.__dict__, "mode": mode})  # validate each mode's budgets
+        replace(config, mode=mode)  # validates each mode's budgets
     data_dir = Path(args.data_dir) if args.data_dir else None
     items = [item for suite in (args.suites or ["classeval"]) for item in load_suite(suite, data_dir, args.limit)]
     model = load_model(args)

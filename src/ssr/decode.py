@@ -12,10 +12,9 @@ Every sequence keeps one *pending* token: committed, not yet fed to the engine.
 """
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-
-import time
 
 import numpy as np
 

@@ -61,7 +61,7 @@ class PromptLookupProposer:
         tokens = self.tokens
         for size in range(min(self.max_ngram, len(tokens) - 1), 0, -1):
             ngram = tokens[-size:]
-            # most recent earlier occurrence, as transformers' prompt lookup does (first found)
+            # the most recent earlier occurrence of the n-gram
             for start in range(len(tokens) - size - 1, -1, -1):
                 if tokens[start : start + size] == ngram:
                     return tokens[start + size : start + size + limit], None

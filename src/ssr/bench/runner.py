@@ -24,8 +24,9 @@ def run_item(model: SSR, item: Item, modes: list[str], config: GenerationConfig,
     """Every mode once on one item; the order alternates with the repeat to cancel drift."""
     template = template or template_for(item.suite)
     order = modes if repeat % 2 == 0 else modes[::-1]
-    results = {mode: model.start(item.prompt, replace(config, mode=mode), template).run() for mode in order}
-    prompt_ids = model.prompt_ids(item.prompt, template)
+    generations = {mode: model.start(item.prompt, replace(config, mode=mode), template) for mode in order}
+    results = {mode: generation.run() for mode, generation in generations.items()}
+    prompt_ids = generations[modes[0]].prompt_ids
     rows = []
     for mode in modes:
         result = results[mode]

@@ -62,7 +62,8 @@ class LlamaCppEngine:
             raise EngineError(f"llama.cpp could not load {model_path}")
         threads = threads or os.cpu_count() or 1
         params = lib.llama_context_default_params()
-        params.n_ctx = context_size * (1 if kv_unified else max_sequences)  # context_size per sequence
+        streams = 1 if kv_unified else max_sequences  # KV streams; context_size is per stream
+        params.n_ctx = context_size * streams
         params.n_batch = params.n_ubatch = batch_size
         params.n_seq_max = max_sequences
         params.kv_unified = kv_unified
@@ -82,7 +83,7 @@ class LlamaCppEngine:
         self.name = self.model_path.stem
         self.batch_size = batch_size
         self.threads = threads
-        self.context_size = lib.llama_n_ctx(self._ctx) // (1 if kv_unified else max_sequences)
+        self.context_size = lib.llama_n_ctx(self._ctx) // streams
         self.max_sequences = max_sequences
         self.vocab_size = lib.llama_vocab_n_tokens(self._vocab)
         self.eos_ids = frozenset(t for t in range(self.vocab_size) if lib.llama_vocab_is_eog(self._vocab, t))
