@@ -1,4 +1,4 @@
-"""Command line: `ssr generate`, `ssr models`.
+"""Command line: `ssr generate | bench | report | calibrate | simulate | models`.
 
 Bad input gives one line on stderr and exit code 2; no tracebacks (set SSR_DEBUG=1
 to see them).
@@ -46,8 +46,25 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--repeats", type=int, default=1, help="passes over the items, order alternating")
     bench.add_argument("--out", default="results/bench", help="results folder; runs.jsonl there is rewritten")
     bench.add_argument("--data-dir", default=None, help="datasets folder (default ../shared/datasets)")
+    bench.add_argument("--no-quality", action="store_true", help="skip task scoring and report.md")
     add_model_arguments(bench)
     add_generation_arguments(bench, with_mode=False)
+
+    report = commands.add_parser("report", help="rebuild report.md, plots and quality from bench rows")
+    report.add_argument("results", nargs="+", help="bench folders (with runs.jsonl) or JSONL files")
+    report.add_argument("--out", default=None, help="report folder (default: the first results folder)")
+    report.add_argument("--data-dir", default=None, help="datasets folder, for scoring")
+    report.add_argument("--note", default=None, help="a line placed at the top of report.md")
+
+    calib = commands.add_parser("calibrate", help="measure the engine's step, score and prefill costs (JSON)")
+    add_model_arguments(calib)
+    calib.add_argument("--repeats", type=int, default=5, help="timings per probe; the median is kept")
+    calib.add_argument("--out", default=None, help="also write the JSON to this file")
+
+    sim = commands.add_parser("simulate", help="replay bench traces under a cost model; projected ratios to ar")
+    sim.add_argument("--traces", nargs="+", required=True, help="bench folders or JSONL files")
+    sim.add_argument("--cost-model", default="gpu", help="a JSON from ssr calibrate, or the preset 'gpu'")
+    sim.add_argument("--json", action="store_true", help="print the table as JSON")
 
     commands.add_parser("models", help="list the registry models and whether they are installed")
     return parser
@@ -157,35 +174,27 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from dataclasses import replace
-    from pathlib import Path
+    from .bench.commands import cmd_bench as run
 
-    from .bench.runner import format_table, run_bench, summarise
-    from .bench.suites import load_suite
+    return run(args, generation_config(args), load_model)
 
-    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
-    unknown = [m for m in modes if m not in MODES]
-    if unknown or not modes:
-        raise ConfigError(f"--modes: unknown {', '.join(unknown) or 'empty list'}; choose from {', '.join(MODES)}")
-    if args.limit < 1 or args.repeats < 1:
-        raise ConfigError("--limit and --repeats must be >= 1")
-    config = generation_config(args)
-    for mode in modes:
-        replace(config, mode=mode)  # validates each mode's budgets
-    data_dir = Path(args.data_dir) if args.data_dir else None
-    items = [item for suite in (args.suites or ["classeval"]) for item in load_suite(suite, data_dir, args.limit)]
-    model = load_model(args)
-    out = Path(args.out) / "runs.jsonl"
-    rows = []
-    try:
-        rows = run_bench(model, items, modes, config, args.repeats, out)
-    finally:
-        if not rows and out.exists():  # interrupted: summarise what was written
-            rows = [json.loads(line) for line in out.read_text().splitlines() if line.strip()]
-        if rows:
-            print(format_table(summarise(rows)))
-            print(f"rows: {out}", file=sys.stderr)
-    return 0
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from .bench.commands import cmd_report as run
+
+    return run(args)
+
+
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    from .bench.commands import cmd_calibrate as run
+
+    return run(args, load_model)
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    from .bench.commands import cmd_simulate as run
+
+    return run(args)
 
 
 def cmd_models(args: argparse.Namespace) -> int:
@@ -205,7 +214,8 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         args = build_parser().parse_args(argv)
-        commands = {"generate": cmd_generate, "bench": cmd_bench, "models": cmd_models}
+        commands = {"generate": cmd_generate, "bench": cmd_bench, "report": cmd_report,
+                    "calibrate": cmd_calibrate, "simulate": cmd_simulate, "models": cmd_models}
         return commands[args.command](args)
     except (UsageError, ConfigError) as error:
         print(f"ssr: error: {error}", file=sys.stderr)

@@ -1,0 +1,128 @@
+"""`ssr bench`, `ssr report`, `ssr calibrate`, `ssr simulate`: command bodies (the
+parser lives in cli.py)."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+from ..config import MODES, ConfigError, GenerationConfig
+from .report import attach_quality, format_table, load_rows, summarise, write_report
+
+
+def make_scorer(data_dir: Path | None):
+    """scorer(suite, item_id, answer) -> Score dict; suites are loaded on first use."""
+    from .scoring import score
+    from .suites import load_suite
+
+    references: dict[str, dict[str, dict]] = {}
+
+    def scorer(suite: str, item_id: str, answer: str) -> dict:
+        if suite not in references:
+            references[suite] = {item.item_id: item.reference for item in load_suite(suite, data_dir)}
+        reference = references[suite].get(item_id)
+        if reference is None:
+            return {"value": 0.0, "passed": False, "detail": {}, "note": "item not in the data folder"}
+        return score(suite, reference, answer).as_dict()
+
+    return scorer
+
+
+def build_report(rows: list[dict], out_dir: Path, data_dir: Path | None, note: str = "") -> Path:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    attach_quality(rows, make_scorer(data_dir), out_dir / "quality.json")
+    return write_report(rows, out_dir, note)
+
+
+def cmd_bench(args: argparse.Namespace, config: GenerationConfig, model_loader) -> int:
+    from .runner import run_bench
+    from .suites import load_suite
+
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    unknown = [m for m in modes if m not in MODES]
+    if unknown or not modes:
+        raise ConfigError(f"--modes: unknown {', '.join(unknown) or 'empty list'}; choose from {', '.join(MODES)}")
+    if args.limit < 1 or args.repeats < 1:
+        raise ConfigError("--limit and --repeats must be >= 1")
+    for mode in modes:
+        replace(config, mode=mode)  # validates each mode's budgets
+    data_dir = Path(args.data_dir) if args.data_dir else None
+    items = [item for suite in (args.suites or ["classeval"]) for item in load_suite(suite, data_dir, args.limit)]
+    model = model_loader(args)
+    out_dir = Path(args.out)
+    out = out_dir / "runs.jsonl"
+    rows: list[dict] = []
+    try:
+        rows = run_bench(model, items, modes, config, args.repeats, out)
+    finally:
+        if not rows and out.exists():  # interrupted: report what was written
+            rows = load_rows([out])
+        if rows:
+            note = (f"Model `{args.model}`; {len({(r['suite'], r['item']) for r in rows})} items; "
+                    f"config: b_v={config.thinking_budget}, b_d={config.draft_at}, m={config.draft_tokens}, "
+                    f"max answer tokens={config.max_tokens}, temperature={config.sampling.temperature}.")
+            report = build_report(rows, out_dir, data_dir, note) if not args.no_quality else None
+            print(format_table(summarise(rows)))
+            print(f"rows: {out}" + (f"\nreport: {report}" if report else ""), file=sys.stderr)
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    paths = [Path(p) for p in args.results]
+    missing = [str(p) for p in paths if not (p / "runs.jsonl" if p.is_dir() else p).is_file()]
+    if missing:
+        raise ConfigError(f"no bench rows at {', '.join(missing)} (give folders with runs.jsonl or JSONL files)")
+    rows = load_rows(paths)
+    if not rows:
+        raise ConfigError("the bench files hold no rows")
+    out_dir = Path(args.out) if args.out else (paths[0] if paths[0].is_dir() else paths[0].parent)
+    data_dir = Path(args.data_dir) if args.data_dir else None
+    report = build_report(rows, out_dir, data_dir, args.note or "")
+    print(format_table(summarise(rows)))
+    print(f"report: {report}", file=sys.stderr)
+    return 0
+
+
+def cmd_calibrate(args: argparse.Namespace, model_loader) -> int:
+    from tqdm import tqdm
+
+    from .costs import SCORE_SIZES, STEP_SIZES, calibrate
+
+    if args.repeats < 1:
+        raise ConfigError(f"--repeats must be >= 1, got {args.repeats}")
+    model = model_loader(args)
+    with tqdm(total=max(1, args.repeats // 2) + len(STEP_SIZES) + len(SCORE_SIZES), unit="probe",
+              disable=not sys.stderr.isatty()) as bar:
+        costs = calibrate(model.engine, repeats=args.repeats, progress=lambda: bar.update(1))
+    costs = replace(costs, meta={**costs.meta, "model": args.model, "threads": args.threads})
+    text = costs.to_json()
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(text + "\n", encoding="utf-8")
+        print(f"cost model: {args.out}", file=sys.stderr)
+    print(text)
+    return 0
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    from .costs import load_costs
+    from .simulate import format_projection, simulate, summarise_projection
+
+    costs = load_costs(args.cost_model)
+    paths = [Path(p) for p in args.traces]
+    missing = [str(p) for p in paths if not (p / "runs.jsonl" if p.is_dir() else p).is_file()]
+    if missing:
+        raise ConfigError(f"no bench rows at {', '.join(missing)}")
+    rows = [r for r in load_rows(paths) if r.get("config", {}).get("sampling", {}).get("temperature", 0) == 0]
+    if not rows:
+        raise ConfigError("no greedy rows to replay (traces replay only under greedy decoding)")
+    projected = simulate(rows, costs, GenerationConfig())
+    table = summarise_projection(projected)
+    if args.json:
+        print(json.dumps({"cost_model": costs.source, "table": table}, indent=1))
+    else:
+        print(f"cost model: {costs.source}")
+        print(format_projection(table))
+    return 0

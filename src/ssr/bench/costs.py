@@ -1,0 +1,140 @@
+"""Engine cost tables: measured by `ssr calibrate`, or a preset, for `ssr simulate`.
+
+    step_s[n]      one decode step carrying n sequences (one token each)
+    score_s[k]     feeding k tokens to one sequence in one pass (verify, fork, close)
+    prefill_token_s  prompt prefill, per token
+
+Between measured points, costs are interpolated linearly (score: from step_s[1] at
+k = 1; beyond the last point: extrapolated along the last segment).
+"""
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from ..config import ConfigError
+
+SCORE_SIZES = (8, 32, 128, 512)
+STEP_SIZES = (1, 2, 4)
+
+
+@dataclass(frozen=True)
+class Costs:
+    step_s: dict[int, float]  # sequences in the batch -> seconds per step
+    score_s: dict[int, float]  # tokens fed to one sequence -> seconds per pass
+    prefill_token_s: float  # seconds per prompt token
+    source: str = ""  # where the numbers come from
+    meta: dict = field(default_factory=dict)  # engine, model, threads, date
+
+    def step(self, num_sequences: int) -> float:
+        return _interpolate(self.step_s, num_sequences)
+
+    def score(self, num_tokens: int) -> float:
+        return _interpolate({1: self.step_s[1], **self.score_s}, num_tokens)
+
+    def prefill(self, num_tokens: int) -> float:
+        return self.prefill_token_s * num_tokens
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Costs:
+        try:
+            return cls(step_s={int(k): float(v) for k, v in data["step_s"].items()},
+                       score_s={int(k): float(v) for k, v in data["score_s"].items()},
+                       prefill_token_s=float(data["prefill_token_s"]),
+                       source=data.get("source", ""), meta=data.get("meta", {}))
+        except (KeyError, TypeError, ValueError, AttributeError) as error:
+            raise ConfigError(f"not a cost model (need step_s, score_s, prefill_token_s): {error}") from error
+
+
+def _interpolate(table: dict[int, float], x: int) -> float:
+    points = sorted(table.items())
+    if x <= points[0][0]:
+        return points[0][1]
+    for (x0, y0), (x1, y1) in zip(points, points[1:]):
+        if x <= x1:
+            return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+    (x0, y0), (x1, y1) = points[-2], points[-1]
+    return y1 + (y1 - y0) * (x - x1) / (x1 - x0)
+
+
+def gpu_preset(step: float = 0.015) -> Costs:
+    """A GPU-like engine, relative to one decode step (only the ratios matter for ratios).
+
+    Decode at batch 1 is memory-bound: every step reads all weights, so a second or
+    fourth sequence adds little (here +2% / +5%; vLLM batch-1 vs batch-4 decode on an
+    A100/H100 for 1-8B models is within ~10%). A verify pass of k tokens is one step
+    until the GPU turns compute-bound, at roughly (peak FLOP/s) / (memory bandwidth)
+    ~ 300 tokens on an H100 (989 TFLOP/s bf16 / 3.35 TB/s); beyond that time grows
+    with k. Prefill is compute-bound: ~200 prompt tokens per step time (a 4B model
+    prefills ~15k tokens/s on an H100 while a decode step takes ~15 ms).
+    These are the assumptions the paper's setting implies, not measurements here.
+    """
+    return Costs(
+        step_s={1: step, 2: step * 1.02, 4: step * 1.05},
+        score_s={8: step, 32: step * 1.02, 128: step * 1.1, 256: step * 1.25, 512: step * 2.0},
+        prefill_token_s=step / 200,
+        source="gpu preset (assumed: batch of 2 ~ 1.02 steps, verify <= 256 tokens ~ 1-1.25 steps)",
+    )
+
+
+def load_costs(spec: str) -> Costs:
+    """A JSON file from `ssr calibrate`, or the preset name `gpu`."""
+    if spec == "gpu":
+        return gpu_preset()
+    path = Path(spec)
+    try:
+        return Costs.from_dict(json.loads(path.read_text(encoding="utf-8")))
+    except (OSError, json.JSONDecodeError) as error:
+        raise ConfigError(f"cannot read cost model {spec!r}: {error} (give a calibrate JSON or 'gpu')") from error
+
+
+def calibrate(engine, repeats: int = 5, context_tokens: int = 256, progress=None) -> Costs:
+    """Median wall seconds of step (1, 2, 4 sequences), score (8..512 tokens) and prefill,
+    measured on this engine at a context of `context_tokens` tokens."""
+    tick = progress or (lambda: None)
+    filler = list(range(1000, 1000 + context_tokens))  # ordinary tokens; the content does not matter
+    parent = engine.prefill(filler)
+    prefill_s = []
+    for _ in range(max(1, repeats // 2)):
+        start = time.perf_counter()
+        engine.release(engine.prefill(filler))
+        prefill_s.append((time.perf_counter() - start) / len(filler))
+        tick()
+    step_s = {}
+    for size in STEP_SIZES:
+        if size > engine.max_sequences:
+            continue
+        seqs = [parent] + [engine.fork(parent) for _ in range(size - 1)]
+        times = []
+        for _ in range(repeats + 1):  # the first call warms up
+            start = time.perf_counter()
+            engine.step([(seq, 1000) for seq in seqs])
+            times.append(time.perf_counter() - start)
+        step_s[size] = statistics.median(times[1:])
+        for seq in seqs:
+            engine.truncate(seq, context_tokens)
+        for seq in seqs[1:]:
+            engine.release(seq)
+        tick()
+    score_s = {}
+    for size in SCORE_SIZES:
+        times = []
+        for _ in range(max(2, repeats // (1 + size // 64))):
+            start = time.perf_counter()
+            engine.score(parent, filler[:size] if size <= len(filler) else (filler * (size // len(filler) + 1))[:size])
+            times.append(time.perf_counter() - start)
+            engine.truncate(parent, context_tokens)
+        score_s[size] = statistics.median(times)
+        tick()
+    engine.release(parent)
+    if 2 not in step_s:  # an engine limited to one sequence: batching is not possible
+        step_s[2] = 2 * step_s[1]
+    return Costs(step_s=step_s, score_s=score_s, prefill_token_s=statistics.median(prefill_s),
+                 source="measured by ssr calibrate",
+                 meta={"date": time.strftime("%Y-%m-%d %H:%M"), "context_tokens": context_tokens})

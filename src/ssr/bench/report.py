@@ -1,0 +1,196 @@
+"""From bench rows (JSONL) to tables, report.md and plots; rebuildable at any time.
+
+A row is one (suite, item, repeat, mode) run, as `runner.run_item` writes it.
+Ratios to `ar` are paired: per item, mode seconds / ar seconds (mean over repeats);
+a suite's ratio is the median over items, with a percentile bootstrap 95% interval
+that resamples items.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import statistics
+from collections import defaultdict
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+import numpy as np
+
+from ..metrics import STAGES
+
+MODE_ORDER = ("ar", "ssr", "ssr-prefix", "ssr-suffix", "suffix", "pld")
+
+
+def load_rows(paths: Iterable[Path]) -> list[dict]:
+    """Rows from JSONL files, or from `runs.jsonl` in folders; torn last lines skipped."""
+    rows = []
+    for path in paths:
+        path = path / "runs.jsonl" if path.is_dir() else path
+        for line in path.read_text(encoding="utf-8").splitlines():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue  # a line cut by Ctrl-C
+    return rows
+
+
+def attach_quality(rows: list[dict], scorer: Callable[[str, str, str], dict], cache_path: Path | None) -> None:
+    """Sets row["quality"] = scorer(suite, item, answer); results cached by answer hash."""
+    cache = json.loads(cache_path.read_text()) if cache_path and cache_path.exists() else {}
+    for row in rows:
+        if "quality" in row:
+            continue
+        key = f"{row['suite']}|{row['item']}|{hashlib.sha1(row['answer'].encode()).hexdigest()}"
+        if key not in cache:
+            cache[key] = scorer(row["suite"], row["item"], row["answer"])
+        row["quality"] = cache[key]
+    if cache_path:
+        cache_path.write_text(json.dumps(cache, indent=0))
+
+
+def bootstrap_median(values: list[float], resamples: int = 2000, seed: int = 0) -> tuple[float, float]:
+    """Percentile 95% interval of the median, resampling the values with replacement."""
+    data = np.asarray(values, dtype=np.float64)
+    if len(data) < 2:
+        return (float(data[0]), float(data[0])) if len(data) else (float("nan"), float("nan"))
+    picks = np.random.default_rng(seed).integers(0, len(data), size=(resamples, len(data)))
+    medians = np.median(data[picks], axis=1)  # [resamples]
+    return float(np.percentile(medians, 2.5)), float(np.percentile(medians, 97.5))
+
+
+def item_ratios(rows: list[dict], key: str = "total_s") -> dict[tuple[str, str], dict[str, float]]:
+    """(suite, mode) -> {item: mean over repeats of metrics[key] / ar's metrics[key]}."""
+    ar = {(r["suite"], r["item"], r["repeat"]): r["metrics"][key] for r in rows if r["mode"] == "ar"}
+    collected: dict[tuple[str, str], dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for row in rows:
+        base = ar.get((row["suite"], row["item"], row["repeat"]))
+        if base:
+            collected[(row["suite"], row["mode"])][row["item"]].append(row["metrics"][key] / base)
+    return {group: {item: statistics.mean(v) for item, v in items.items()} for group, items in collected.items()}
+
+
+def summarise(rows: list[dict]) -> list[dict]:
+    """One line per (suite, mode): medians, paired ratio to ar with its interval, acceptance,
+    quality and identity."""
+    ratios = item_ratios(rows)
+    groups: dict[tuple[str, str], list[dict]] = defaultdict(list)
+    for row in rows:
+        groups[(row["suite"], row["mode"])].append(row)
+    table = []
+    for (suite, mode), group in groups.items():
+        metrics = [r["metrics"] for r in group]
+        item_ratio = list(ratios.get((suite, mode), {}).values())
+        scored = [r["quality"]["value"] for r in group if r.get("quality")]
+        table.append({
+            "suite": suite, "mode": mode, "runs": len(group), "items": len({r["item"] for r in group}),
+            "median_s": statistics.median(m["total_s"] for m in metrics),
+            "median_first_answer_s": statistics.median(m["first_answer_token_s"] for m in metrics),
+            "stage_s": {s: statistics.median(m["seconds"][s] for m in metrics) for s in STAGES},
+            "ratio_to_ar": statistics.median(item_ratio) if item_ratio else None,
+            "ratio_ci": bootstrap_median(item_ratio) if item_ratio else None,
+            "mean_accepted_prefix": statistics.mean(m["accepted_prefix_tokens"] for m in metrics),
+            "mean_suffix_accepted": statistics.mean(m["suffix_accepted_tokens"] for m in metrics),
+            "mean_answer_tokens": statistics.mean(m["answer_tokens"] for m in metrics),
+            "quality": statistics.mean(scored) if scored else None,
+            "identical": sum(bool(r["identical"]) for r in group),
+        })
+    return sorted(table, key=lambda t: (t["suite"], _mode_rank(t["mode"])))
+
+
+def _mode_rank(mode: str) -> int:
+    return MODE_ORDER.index(mode) if mode in MODE_ORDER else len(MODE_ORDER)
+
+
+def _fmt(value: float | None, digits: int = 2) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def format_table(table: list[dict], markdown: bool = False) -> str:
+    """Plain text for the terminal, or a markdown table."""
+    columns = ["suite", "mode", "runs", "median s", "1st answer s", "ratio to ar (95% CI)",
+               "prefix acc", "suffix acc", "answer tok", "quality", "identical"]
+    lines = []
+    for t in table:
+        ci = t["ratio_ci"]
+        ratio = "-" if t["ratio_to_ar"] is None else (
+            f"{t['ratio_to_ar']:.3f} ({ci[0]:.3f}-{ci[1]:.3f})" if ci else f"{t['ratio_to_ar']:.3f}")
+        lines.append([t["suite"], t["mode"], str(t["runs"]), _fmt(t["median_s"]), _fmt(t["median_first_answer_s"]),
+                      ratio, _fmt(t["mean_accepted_prefix"], 1), _fmt(t["mean_suffix_accepted"], 1),
+                      _fmt(t["mean_answer_tokens"], 1), _fmt(t["quality"]), f"{t['identical']}/{t['runs']}"])
+    if markdown:
+        out = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+        return "\n".join(out + ["| " + " | ".join(line) + " |" for line in lines])
+    widths = [max(len(c), *(len(line[i]) for line in lines)) if lines else len(c) for i, c in enumerate(columns)]
+    render = lambda cells: "  ".join(cell.ljust(w) if i < 2 else cell.rjust(w)  # noqa: E731
+                                     for i, (cell, w) in enumerate(zip(cells, widths)))
+    return "\n".join([render(columns), "-" * (sum(widths) + 2 * len(widths))] + [render(line) for line in lines])
+
+
+def write_report(rows: list[dict], out_dir: Path, config_note: str = "", extra: str = "") -> Path:
+    """report.md (one table per suite, then `extra`), stages.png and ratios.png."""
+    table = summarise(rows)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    parts = ["# ssr bench report", ""]
+    if config_note:
+        parts += [config_note, ""]
+    parts += ["Latency ratio = mode seconds / `ar` seconds on the same item (median over items, "
+              "bootstrap 95% interval over items). Quality: the suite's metric (HumanEval and "
+              "ClassEval pass@1, LongProc accuracy or row F1). Identical: output token-identical to `ar`.", ""]
+    for suite in sorted({t["suite"] for t in table}):
+        parts += [f"## {suite}", "", format_table([t for t in table if t["suite"] == suite], markdown=True), ""]
+        notes = sorted({f"{r['item']}: {r['quality']['note']}" for r in rows
+                        if r["suite"] == suite and r.get("quality") and r["quality"].get("note")})
+        if notes:
+            parts += ["Environment-dependent items (scored, marked): " + "; ".join(notes), ""]
+    plots = _plots(table, out_dir)
+    parts += [f"![{name}]({name})" for name in plots] + ([""] if plots else [])
+    if extra:
+        parts += [extra, ""]
+    path = out_dir / "report.md"
+    path.write_text("\n".join(parts), encoding="utf-8")
+    return path
+
+
+def _plots(table: list[dict], out_dir: Path) -> list[str]:
+    """Stacked stage seconds per mode (one panel per suite) and ratio to ar per suite."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return []
+    suites = sorted({t["suite"] for t in table})
+    fig, axes = plt.subplots(1, len(suites), figsize=(4.5 * len(suites), 4), squeeze=False)
+    for ax, suite in zip(axes[0], suites):
+        lines = [t for t in table if t["suite"] == suite]
+        bottom = np.zeros(len(lines))
+        for stage in ("prefill", "cot", "verify", "continuation"):  # "draft" overlaps "cot"
+            heights = np.array([t["stage_s"][stage] for t in lines])
+            ax.bar([t["mode"] for t in lines], heights, bottom=bottom, label=stage)
+            bottom += heights
+        ax.set_title(suite)
+        ax.set_ylabel("median seconds")
+        ax.tick_params(axis="x", rotation=45)
+    axes[0][0].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out_dir / "stages.png", dpi=100)
+    plt.close(fig)
+    modes = [m for m in MODE_ORDER if m != "ar" and any(t["mode"] == m for t in table)]
+    fig, ax = plt.subplots(figsize=(max(5, 1.2 * len(suites) * len(modes) / 2), 4))
+    width = 0.8 / max(1, len(modes))
+    for i, mode in enumerate(modes):
+        lines = [next((t for t in table if t["suite"] == s and t["mode"] == mode and t["ratio_to_ar"]), None)
+                 for s in suites]
+        xs = [j + i * width for j, line in enumerate(lines) if line]
+        ratios = [line["ratio_to_ar"] for line in lines if line]
+        errors = np.array([[line["ratio_to_ar"] - line["ratio_ci"][0], line["ratio_ci"][1] - line["ratio_to_ar"]]
+                           for line in lines if line]).T.reshape(2, -1)
+        ax.bar(xs, ratios, width, yerr=errors, capsize=2, label=mode)
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.set_xticks([j + width * (len(modes) - 1) / 2 for j in range(len(suites))], suites, rotation=20)
+    ax.set_ylabel("latency / ar (lower is faster)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out_dir / "ratios.png", dpi=100)
+    plt.close(fig)
+    return ["stages.png", "ratios.png"]

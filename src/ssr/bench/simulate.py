@@ -1,0 +1,221 @@
+"""Model-free replay of bench traces under a cost model (`ssr simulate`).
+
+Under greedy decoding every mode writes the same tokens, so one bench row holds all
+the model ever decided: the CoT, the draft the child wrote, the answer. Replaying a
+row walks the same loop as `decode.Generation`, with the real proposers and span
+policy, but instead of calling an engine it adds up what each call would cost:
+
+    prefill     prefill(P - 1)
+    think       steps with 1 sequence, or 2 while the draft child lives; fork = one score
+    close       score(fed + first chunk), doubling chunks while the draft matches
+    continue    propose -> score(1 + span) or a plain step -> accept the longest match
+
+Accepted counts come from matching proposals against the row's own answer, so they
+are exact; only the seconds are modelled.
+"""
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from dataclasses import dataclass, field, replace
+
+from ..config import GenerationConfig, SamplingParams, SuffixParams
+from ..policy import AcceptanceStats, CostModel, best_span_length
+from ..proposers import PromptLookupProposer, SuffixProposer
+from .costs import Costs
+
+EOS = -1  # stands for whichever end-of-sequence token the model wrote
+
+
+@dataclass
+class Replay:
+    seconds: dict[str, float] = field(default_factory=lambda: defaultdict(float))  # stage -> modelled s
+    accepted_prefix_tokens: int = 0
+    suffix_accepted_tokens: int = 0
+    answer_tokens: int = 0
+
+    @property
+    def total_s(self) -> float:
+        return sum(v for k, v in self.seconds.items() if k != "draft")
+
+
+def _common_prefix(proposed: list[int], target: list[int]) -> int:
+    count = 0
+    for a, b in zip(proposed, target):
+        if a != b:
+            break
+        count += 1
+    return count
+
+
+def replay(row: dict, costs: Costs, config: GenerationConfig, answer_prefix_ids: list[int]) -> Replay:
+    """Modelled seconds of one bench row under `costs` (its own mode, greedy)."""
+    config = replace(config, mode=row["mode"])
+    out = Replay()
+    cot_ids, answer_ids = row["cot_ids"], row["answer_ids"]
+    stopped_by_eos = row["metrics"]["stop"] == "eos"
+    target = answer_ids + ([EOS] if stopped_by_eos else [])  # what the model commits
+    forced = row["forced_ids"]
+    forced_end_len = len(forced) - len(answer_prefix_ids)
+    cot_end = row["metrics"]["cot_end"]
+    out.seconds["prefill"] = costs.prefill(len(row["prompt_ids"]) - 1)
+
+    # 1. think: one step per CoT token (and one more for an EOS); 2 sequences while the child lives
+    cot_steps = len(cot_ids) + (cot_end == "eos")
+    draft_ids = row["draft_ids"] if config.uses_draft and config.draft_at < cot_steps else []
+    batched = max(0, len(draft_ids) - 1)
+    out.seconds["cot"] = (cot_steps - batched) * costs.step(1) + batched * costs.step(2)
+    if draft_ids:
+        out.seconds["cot"] += costs.score(1 + forced_end_len + len(answer_prefix_ids))  # the fork
+        out.seconds["draft"] = batched * costs.step(2)
+
+    # 2. close: forced tokens, then the draft in chunks that double while all match
+    fed = (0 if cot_end == "eos" else 1) + len(forced)
+    checked = draft_ids[: config.max_tokens] if config.verifies_draft_prefix else []
+    if stopped_by_eos and len(checked) == len(answer_ids) + 1 and checked[:-1] == answer_ids:
+        checked = answer_ids + [EOS]  # the child ended where the model ends: with EOS
+    num_accepted = _common_prefix(checked, target)
+    chunk, scored = config.verify_chunk, min(config.verify_chunk, len(checked))
+    verify_s = costs.score(fed + scored)
+    while scored < len(checked) and num_accepted >= scored:
+        chunk *= 2
+        size = min(chunk, len(checked) - scored)
+        verify_s += costs.score(size)
+        scored += size
+    out.seconds["verify"] = verify_s
+    out.accepted_prefix_tokens = num_accepted if checked else 0
+
+    # 3. continue
+    proposer = _proposer(config, row, cot_ids, answer_prefix_ids, draft_ids)
+    if proposer is not None:
+        proposer.observe(answer_prefix_ids)
+    cost_model = CostModel(step_s=costs.step(1), token_s=(costs.score(32) - costs.step(1)) / 31)
+    stats = AcceptanceStats()
+    committed = _Commit(target, config.max_tokens, proposer)
+    committed.add(target[: num_accepted + 1])
+    continuation_s = 0.0
+    while not committed.stopped:
+        position = committed.length
+        span, probs = proposer.propose(config.max_tokens - position) if proposer else ([], None)
+        if span and config.adaptive_spans:
+            span = span[: best_span_length(probs if probs is not None else stats.probs(len(span)), cost_model)]
+        if not span:
+            continuation_s += costs.step(1)
+            committed.add(target[position : position + 1])
+            continue
+        continuation_s += costs.score(1 + len(span))
+        accepted = _common_prefix(span, target[position:])
+        stats.observe(len(span), accepted)
+        out.suffix_accepted_tokens += accepted
+        committed.add(target[position : position + accepted + 1])
+    out.seconds["continuation"] = continuation_s
+    out.answer_tokens = committed.length
+    return out
+
+
+class _Commit:
+    """The answer as `Generation._commit` builds it: stops at EOS or max_tokens."""
+
+    def __init__(self, target: list[int], max_tokens: int, proposer) -> None:
+        self.target, self.max_tokens, self.proposer = target, max_tokens, proposer
+        self.length, self.stopped = 0, False
+
+    def add(self, token_ids: list[int]) -> None:
+        if not token_ids:  # past the end of a max_tokens answer
+            self.stopped = True
+            return
+        kept = []
+        for token in token_ids:
+            if token == EOS:
+                self.stopped = True
+                break
+            kept.append(token)
+            self.length += 1
+            if self.length >= self.max_tokens:
+                self.stopped = True
+                break
+        if self.proposer is not None and not self.stopped:
+            self.proposer.observe(kept)
+
+
+def _proposer(config: GenerationConfig, row: dict, cot_ids, answer_prefix_ids, draft_ids):
+    if config.proposer == "suffix":
+        seeds = [row["prompt_ids"], cot_ids] + ([answer_prefix_ids + draft_ids] if draft_ids else [])
+        return SuffixProposer(config.suffix, seeds)
+    if config.proposer == "pld":
+        return PromptLookupProposer(row["prompt_ids"] + cot_ids)
+    return None
+
+
+def config_from_dict(data: dict) -> GenerationConfig:
+    """Inverse of dataclasses.asdict for GenerationConfig (as bench rows store it)."""
+    fields = dict(data, sampling=SamplingParams(**data["sampling"]), suffix=SuffixParams(**data["suffix"]))
+    return GenerationConfig(**fields)
+
+
+def answer_prefix_of(rows: list[dict]) -> list[int]:
+    """The forced answer prefix: rows whose CoT ended naturally forced only it."""
+    for row in rows:
+        if row.get("answer_prefix_ids") is not None:
+            return row["answer_prefix_ids"]
+    natural = [r["forced_ids"] for r in rows if r["metrics"]["cot_end"] == "natural"]
+    if natural:
+        return natural[0]
+    return rows[0]["forced_ids"][1:] if rows else []  # fallback: a one-token end marker
+
+
+def simulate(rows: list[dict], costs: Costs, config: GenerationConfig) -> list[dict]:
+    """Per row: measured and modelled seconds; rows must come from greedy runs."""
+    by_suite: dict[str, list[dict]] = defaultdict(list)
+    for row in rows:
+        by_suite[row["suite"]].append(row)
+    out = []
+    for suite_rows in by_suite.values():
+        prefix = answer_prefix_of(suite_rows)
+        for row in suite_rows:
+            row_config = config_from_dict(row["config"]) if isinstance(row.get("config"), dict) else config
+            result = replay(row, costs, row_config, prefix)
+            out.append({"suite": row["suite"], "item": row["item"], "repeat": row["repeat"], "mode": row["mode"],
+                        "measured_s": row["metrics"]["total_s"], "modelled_s": result.total_s,
+                        "modelled_stages": dict(result.seconds),
+                        "accepted_prefix": (result.accepted_prefix_tokens, row["metrics"]["accepted_prefix_tokens"]),
+                        "suffix_accepted": (result.suffix_accepted_tokens, row["metrics"]["suffix_accepted_tokens"])})
+    return out
+
+
+def summarise_projection(projected: list[dict]) -> list[dict]:
+    """Per (suite, mode): median modelled s, median |error| vs measured, modelled ratio to ar."""
+    ar = {(p["suite"], p["item"], p["repeat"]): p for p in projected if p["mode"] == "ar"}
+    groups: dict[tuple[str, str], list[dict]] = defaultdict(list)
+    for p in projected:
+        groups[(p["suite"], p["mode"])].append(p)
+    table = []
+    for (suite, mode), group in sorted(groups.items()):
+        pairs = [(p, ar.get((p["suite"], p["item"], p["repeat"]))) for p in group]
+        modelled_ratio = [p["modelled_s"] / base["modelled_s"] for p, base in pairs if base]
+        measured_ratio = [p["measured_s"] / base["measured_s"] for p, base in pairs if base]
+        table.append({
+            "suite": suite, "mode": mode, "runs": len(group),
+            "measured_s": statistics.median(p["measured_s"] for p in group),
+            "modelled_s": statistics.median(p["modelled_s"] for p in group),
+            "abs_error": statistics.median(abs(p["modelled_s"] / p["measured_s"] - 1) for p in group),
+            "measured_ratio": statistics.median(measured_ratio) if measured_ratio else None,
+            "modelled_ratio": statistics.median(modelled_ratio) if modelled_ratio else None,
+        })
+    return table
+
+
+def format_projection(table: list[dict], markdown: bool = False) -> str:
+    columns = ["suite", "mode", "runs", "measured s", "modelled s", "median |error|", "measured ratio",
+               "modelled ratio"]
+    lines = [[t["suite"], t["mode"], str(t["runs"]), f"{t['measured_s']:.2f}", f"{t['modelled_s']:.2f}",
+              f"{100 * t['abs_error']:.1f}%",
+              "-" if t["measured_ratio"] is None else f"{t['measured_ratio']:.3f}",
+              "-" if t["modelled_ratio"] is None else f"{t['modelled_ratio']:.3f}"] for t in table]
+    if markdown:
+        return "\n".join(["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+                         + ["| " + " | ".join(line) + " |" for line in lines])
+    widths = [max(len(c), *(len(line[i]) for line in lines)) if lines else len(c) for i, c in enumerate(columns)]
+    render = lambda cells: "  ".join(c.ljust(w) if i < 2 else c.rjust(w)  # noqa: E731
+                                     for i, (c, w) in enumerate(zip(cells, widths)))
+    return "\n".join([render(columns)] + [render(line) for line in lines])

@@ -1,0 +1,114 @@
+"""The trace simulator mirrors the decoding loop: same acceptance, and its seconds match
+an engine whose costs are known (a fake engine that sleeps per call)."""
+from __future__ import annotations
+
+import time
+from dataclasses import asdict
+
+import pytest
+
+from ssr.bench.costs import Costs, gpu_preset, load_costs
+from ssr.bench.simulate import config_from_dict, replay, simulate, summarise_projection
+from ssr.config import ConfigError, GenerationConfig
+from ssr.decode import Generation
+from ssr.engines.fake import FakeEngine
+from ssr.thinking import FORMATS
+
+FMT = FORMATS["code"]
+PROMPTS = [[ord(c) for c in text] for text in ("Please complete the class Stack.", "Write a queue in Python.")]
+MODES = ("ar", "ssr", "ssr-prefix", "ssr-suffix", "suffix", "pld")
+
+
+class SleepyEngine(FakeEngine):
+    """FakeEngine whose calls take exactly the time a cost table says (padded by sleep)."""
+
+    def __init__(self, costs: Costs, **options) -> None:
+        super().__init__(**options)
+        self.costs = costs
+
+    def _padded(self, seconds: float, call, *args):
+        start = time.perf_counter()
+        out = call(*args)
+        time.sleep(max(0.0, seconds - (time.perf_counter() - start)))
+        return out
+
+    def prefill(self, token_ids):
+        return self._padded(self.costs.prefill(len(token_ids)), super().prefill, token_ids)
+
+    def step(self, batch):
+        return self._padded(self.costs.step(len(batch)), super().step, batch)
+
+    def score(self, seq, token_ids):
+        return self._padded(self.costs.score(len(token_ids)), super().score, seq, token_ids)
+
+
+def bench_row(engine, prompt, mode, item, **overrides) -> dict:
+    options = dict(mode=mode, thinking_budget=40, draft_at=12, draft_tokens=30, max_tokens=60)
+    options.update(overrides)
+    generation = Generation(engine, FMT, GenerationConfig(**options), prompt)
+    result = generation.run()
+    return {"suite": "fake", "item": item, "repeat": 0, "mode": mode, "prompt_ids": list(prompt),
+            "cot_ids": result.cot_ids, "forced_ids": result.forced_ids, "answer_ids": result.answer_ids,
+            "draft_ids": result.draft_ids, "metrics": result.metrics.as_dict(),
+            "config": asdict(generation.config), "answer_prefix_ids": generation.answer_prefix_ids}
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("draft_at", [0, 12, 39])
+def test_replay_reproduces_acceptance(mode, draft_at):
+    """Without span cutting (it depends on learnt costs) acceptance is replayed exactly."""
+    for item, prompt in enumerate(PROMPTS):
+        row = bench_row(FakeEngine(), prompt, mode, str(item), draft_at=draft_at, adaptive_spans=False)
+        replayed = replay(row, gpu_preset(), config_from_dict(row["config"]), row["answer_prefix_ids"])
+        metrics = row["metrics"]
+        assert replayed.accepted_prefix_tokens == metrics["accepted_prefix_tokens"]
+        assert replayed.suffix_accepted_tokens == metrics["suffix_accepted_tokens"]
+        assert replayed.answer_tokens == metrics["answer_tokens"]
+
+
+def test_replay_seconds_match_an_engine_with_known_costs():
+    # engine calls long next to the loop's own Python time (which is not modelled)
+    costs = Costs(step_s={1: 0.03, 2: 0.05, 4: 0.09}, score_s={8: 0.04, 32: 0.07, 128: 0.2, 512: 0.7},
+                  prefill_token_s=0.001)
+    budgets = dict(thinking_budget=24, draft_at=8, draft_tokens=20, max_tokens=30, adaptive_spans=False)
+    rows = [bench_row(SleepyEngine(costs), PROMPTS[0], mode, "0", **budgets) for mode in MODES]
+    table = summarise_projection(simulate(rows, costs, GenerationConfig()))
+    for line in table:
+        assert line["abs_error"] < 0.1, line
+
+
+def test_gpu_preset_makes_drafting_cheap():
+    """Under a GPU-like cost model the batched child costs ~nothing: ssr <= ar."""
+    rows = [bench_row(FakeEngine(), prompt, mode, str(item)) for item, prompt in enumerate(PROMPTS)
+            for mode in ("ar", "ssr")]
+    table = {line["mode"]: line for line in summarise_projection(simulate(rows, gpu_preset(), GenerationConfig()))}
+    assert table["ssr"]["modelled_ratio"] <= 1.0
+
+
+def test_ar_replay_is_prefill_plus_steps():
+    row = bench_row(FakeEngine(), PROMPTS[0], "ar", "0")
+    costs = Costs(step_s={1: 1.0, 2: 2.0}, score_s={8: 3.0, 32: 9.0}, prefill_token_s=0.5)
+    replayed = replay(row, costs, config_from_dict(row["config"]), row["answer_prefix_ids"])
+    metrics = row["metrics"]
+    fed = 1 + len(row["forced_ids"])  # pending CoT token + forced tokens, scored at the close
+    assert replayed.seconds["prefill"] == pytest.approx(0.5 * (len(PROMPTS[0]) - 1))
+    assert replayed.seconds["verify"] == pytest.approx(costs.score(fed))
+    assert replayed.seconds["cot"] + replayed.seconds["continuation"] == pytest.approx(metrics["decode_steps"])
+
+
+@pytest.mark.parametrize("x, expected", [(1, 1.0), (8, 3.0), (20, 6.0), (32, 9.0), (40, 11.0)])
+def test_cost_interpolation(x, expected):
+    costs = Costs(step_s={1: 1.0, 2: 2.0}, score_s={8: 3.0, 32: 9.0}, prefill_token_s=0.5)
+    assert costs.score(x) == pytest.approx(expected if x > 1 else 1.0)
+
+
+def test_load_costs_errors(tmp_path):
+    with pytest.raises(ConfigError):
+        load_costs(str(tmp_path / "missing.json"))
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"step_s": 3}')
+    with pytest.raises(ConfigError):
+        load_costs(str(bad))
+    good = tmp_path / "good.json"
+    good.write_text(gpu_preset().to_json())
+    assert load_costs(str(good)).step(2) == pytest.approx(gpu_preset().step(2))
