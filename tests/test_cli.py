@@ -39,6 +39,11 @@ BAD_INPUT = [
     (["generate", "hi", "--mode", "fast"], "invalid choice"),
     (["generate", "hi", "--context-size", "8"], "--context-size must be >= 64"),
     (["frobnicate"], "invalid choice"),
+    (["report", "/no/such/folder"], "no bench rows at /no/such/folder"),
+    (["simulate", "--traces", "/no/such/folder"], "no bench rows at /no/such/folder"),
+    (["simulate", "--traces", "/etc", "--cost-model", "/no/costs.json"], "cannot read cost model"),
+    (["simulate"], "the following arguments are required: --traces"),
+    (["calibrate", "--repeats", "0"], "--repeats must be >= 1"),
 ]
 
 
@@ -74,3 +79,33 @@ def test_generate_stream_and_stdin():
     assert code == 0, err
     assert "```python" in out
     assert re.match(r"ar: [\d.]+s \| cot \d+ tok \((natural|budget|eos)\)", err), err
+
+
+def test_bench_smoke_report_simulate_calibrate(tmp_path):
+    """One HumanEval item, two modes, end to end: rows, quality, report, replay, costs."""
+    out = tmp_path / "bench"
+    code, stdout, err = run_cli("bench", "--suite", "humaneval", "--limit", "1", "--modes", "ar,ssr",
+                                "--thinking-budget", "32", "--draft-at", "8", "--draft-tokens", "16",
+                                "--max-tokens", "48", "--out", str(out))
+    assert code == 0, err
+    rows = [json.loads(line) for line in (out / "runs.jsonl").read_text().splitlines()]
+    assert [r["mode"] for r in rows] == ["ar", "ssr"] and all(r["identical"] for r in rows)
+    scores = json.loads((out / "quality.json").read_text()).values()  # pass@1 of the answers
+    assert scores and all(entry["value"] in (0.0, 1.0) for entry in scores)
+    report = (out / "report.md").read_text()
+    assert "## humaneval" in report and "| humaneval | ssr | 1 |" in report
+    assert (out / "stages.png").exists() and "ratio to ar" in stdout
+
+    code, stdout, err = run_cli("report", str(out), "--out", str(tmp_path / "again"))
+    assert code == 0 and (tmp_path / "again" / "report.md").exists(), err
+
+    code, stdout, err = run_cli("calibrate", "--repeats", "2", "--out", str(tmp_path / "costs.json"))
+    assert code == 0, err
+    costs = json.loads((tmp_path / "costs.json").read_text())
+    assert set(costs["step_s"]) >= {"1", "2"} and set(costs["score_s"]) == {"8", "32", "128", "512"}
+    assert 0 < costs["step_s"]["1"] < costs["score_s"]["512"]
+
+    for model in (str(tmp_path / "costs.json"), "gpu"):
+        code, stdout, err = run_cli("simulate", "--traces", str(out), "--cost-model", model)
+        assert code == 0, err
+        assert re.search(r"humaneval\s+ssr\s+1\s", stdout), stdout
