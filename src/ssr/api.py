@@ -6,7 +6,7 @@ from .decode import Generation, Result
 from .engines import Engine, load_engine
 from .models import DEFAULT_MODEL
 from .policy import CostModel
-from .thinking import ThinkingFormat, build_messages, detect_format, render_chat
+from .thinking import ThinkingFormat, build_messages, detect_format, render_chat, with_system
 
 
 class SSR:
@@ -16,10 +16,11 @@ class SSR:
     >>> result = model.generate("Write a function that adds two numbers.", GenerationConfig())
     """
 
-    def __init__(self, model: str = DEFAULT_MODEL, engine: str = "llama.cpp",
+    def __init__(self, model: str = DEFAULT_MODEL, engine: str | Engine = "llama.cpp",
                  template: str = "auto", **engine_options) -> None:
         self.model_name = model
-        self.engine: Engine = load_engine(model, engine, **engine_options)
+        # an engine name to load `model` with, or an engine instance already loaded
+        self.engine: Engine = load_engine(model, engine, **engine_options) if isinstance(engine, str) else engine
         self.template = template  # default thinking format for requests
         self.format(template)  # validate it now
         self._banned: dict[tuple[str, ...], list[int]] = {}
@@ -28,11 +29,12 @@ class SSR:
     def format(self, template: str | None = None) -> ThinkingFormat:
         return detect_format(self.engine.chat_template, template or self.template)
 
-    def prompt_ids(self, prompt: str, template: str | None = None) -> list[int]:
-        """Chat-templated prompt, the assistant turn opened with the thinking start marker."""
+    def prompt_ids(self, prompt: str | list[dict[str, str]], template: str | None = None) -> list[int]:
+        """Chat-templated prompt (one user turn, or a list of chat messages), the assistant
+        turn opened with the thinking start marker."""
         fmt = self.format(template)
-        text = render_chat(self.engine.chat_template, build_messages(prompt, fmt),
-                           self.engine.bos_text, self.engine.eos_text)
+        messages = build_messages(prompt, fmt) if isinstance(prompt, str) else with_system(prompt, fmt)
+        text = render_chat(self.engine.chat_template, messages, self.engine.bos_text, self.engine.eos_text)
         add_bos = getattr(self.engine, "add_bos", False) and not text.startswith(self.engine.bos_text or "\0")
         return self.engine.tokenize(text + fmt.start + fmt.steer, add_bos=add_bos)
 
@@ -44,7 +46,7 @@ class SSR:
             self._banned[banned] = [t for t, piece in enumerate(pieces) if any(b in piece for b in banned)]
         return self._banned.get(banned, [])
 
-    def start(self, prompt: str, config: GenerationConfig, template: str | None = None) -> Generation:
+    def start(self, prompt: str | list[dict[str, str]], config: GenerationConfig, template: str | None = None) -> Generation:
         """A request ready to iterate (streaming); `.result` once iterated."""
         fmt = self.format(template)
         return Generation(self.engine, fmt, config, self.prompt_ids(prompt, template), self.banned_ids(fmt),

@@ -1,4 +1,4 @@
-"""Command line: `ssr generate | bench | report | calibrate | simulate | models`.
+"""Command line: `ssr generate | bench | report | calibrate | simulate | serve | models`.
 
 Bad input gives one line on stderr and exit code 2; no tracebacks (set SSR_DEBUG=1
 to see them).
@@ -65,6 +65,15 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--traces", nargs="+", required=True, help="bench folders or JSONL files")
     sim.add_argument("--cost-model", default="gpu", help="a JSON from ssr calibrate, or the preset 'gpu'")
     sim.add_argument("--json", action="store_true", help="print the table as JSON")
+
+    serve = commands.add_parser("serve", help="OpenAI-compatible HTTP server (chat and completions)")
+    add_model_arguments(serve)
+    add_generation_arguments(serve)
+    serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, default=8000, help="port (default 8000)")
+    serve.add_argument("--max-queue", type=int, default=16, help="requests that may wait; more get 429")
+    serve.add_argument("--request-timeout", type=float, default=600.0, help="seconds per request, queue included")
+    serve.add_argument("--served-model-name", default=None, help="model id clients send (default: --model)")
 
     commands.add_parser("models", help="list the registry models and whether they are installed")
     return parser
@@ -197,6 +206,26 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     return run(args)
 
 
+def cmd_serve(args: argparse.Namespace) -> int:
+    defaults = generation_config(args)
+    if not 0 < args.port < 65536:
+        raise ConfigError(f"--port must be in 1..65535, got {args.port}")
+    if args.max_queue < 0 or args.request_timeout <= 0:
+        raise ConfigError("--max-queue must be >= 0 and --request-timeout > 0")
+    try:
+        import uvicorn
+
+        from .server.app import create_app
+    except ImportError as error:
+        raise ConfigError(f"ssr serve needs the server extra: pip install 'ssr[server]' ({error})") from error
+    model = load_model(args)
+    name = args.served_model_name or args.model
+    app = create_app(model, name, args.max_queue, args.request_timeout, defaults, aliases=(args.model,))
+    print(f"ssr: serving {name} on http://{args.host}:{args.port}/v1 (mode {defaults.mode})", file=sys.stderr)
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    return 0
+
+
 def cmd_models(args: argparse.Namespace) -> int:
     from .models import resolve_model
 
@@ -215,7 +244,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
         commands = {"generate": cmd_generate, "bench": cmd_bench, "report": cmd_report,
-                    "calibrate": cmd_calibrate, "simulate": cmd_simulate, "models": cmd_models}
+                    "calibrate": cmd_calibrate, "simulate": cmd_simulate, "serve": cmd_serve,
+                    "models": cmd_models}
         return commands[args.command](args)
     except (UsageError, ConfigError) as error:
         print(f"ssr: error: {error}", file=sys.stderr)

@@ -173,6 +173,7 @@ class Generation:
         tokens; an early mismatch wastes at most one chunk)."""
         forced = ([] if cot_end == "natural" else self.forced_end_ids) + self.answer_prefix_ids
         self._forced_ids = forced
+        self.metrics.forced_tokens = len(forced)
         fed = ([] if pending is None else [pending]) + forced
         draft_ids: list[int] = []
         if draft is not None and self.config.verifies_draft_prefix:

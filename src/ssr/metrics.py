@@ -14,6 +14,7 @@ class Metrics:
     cot_tokens: int = 0  # reasoning tokens the model wrote (forced end not counted)
     cot_end: str = ""  # "natural" (end marker), "budget" (b_v reached) or "eos"
     answer_tokens: int = 0  # answer tokens committed (forced answer prefix and EOS not counted)
+    forced_tokens: int = 0  # tokens forced between CoT and answer (end marker, answer prefix)
     stop: str = ""  # "eos" or "max_tokens"
     draft_tokens: int = 0  # tokens the draft child wrote
     accepted_prefix_tokens: int = 0  # draft tokens accepted in the prefix verify pass

@@ -87,6 +87,16 @@ def build_messages(prompt: str, fmt: ThinkingFormat) -> list[dict[str, str]]:
     return messages
 
 
+def with_system(messages: list[dict[str, str]], fmt: ThinkingFormat) -> list[dict[str, str]]:
+    """Chat messages with the format's system instruction first (merged into a system
+    message the caller gave)."""
+    if not fmt.system:
+        return list(messages)
+    if messages and messages[0]["role"] == "system":
+        return [{"role": "system", "content": fmt.system + "\n\n" + messages[0]["content"]}] + list(messages[1:])
+    return [{"role": "system", "content": fmt.system}] + list(messages)
+
+
 def render_chat(chat_template: str | None, messages: list[dict[str, str]], bos: str, eos: str) -> str:
     """Render a Hugging Face chat template (jinja) with a generation prompt.
 

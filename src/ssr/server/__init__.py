@@ -1,0 +1,1 @@
+"""OpenAI-compatible server: protocol (parsing, shapes), scheduler (one engine worker), app."""

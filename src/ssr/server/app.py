@@ -1,0 +1,208 @@
+"""`ssr serve`: an OpenAI-compatible HTTP server (FastAPI) over one SSR model.
+
+Reasoning streams as `delta.reasoning_content`, the answer as `delta.content` (the
+convention of vLLM and DeepSeek). Every error is OpenAI-style JSON; no route gives a
+traceback.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from starlette.exceptions import HTTPException
+
+from ..config import GenerationConfig
+from .protocol import (ApiError, ParsedRequest, chat_chunk, completion_chunk, final_response, parse_body,
+                       parse_request, usage)
+from .scheduler import Job, Scheduler, Stats
+
+DISCONNECT_POLL_S = 0.5  # how often a waiting non-streaming handler checks its client
+
+
+def create_app(model, served_name: str, max_queue: int = 16, timeout_s: float = 600.0,
+               defaults: GenerationConfig | None = None, aliases: tuple[str, ...] = ()):
+    defaults = defaults or GenerationConfig()
+    served = {served_name, *aliases}
+    stats = Stats()
+    scheduler = Scheduler(model, max_queue, timeout_s, stats)
+    @contextlib.asynccontextmanager
+    async def lifespan(_):
+        yield
+        scheduler.stop()
+
+    app = FastAPI(title="ssr", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
+    app.state.scheduler = scheduler
+
+    @app.exception_handler(ApiError)
+    async def api_error(_: Request, error: ApiError):
+        return JSONResponse(error.body(), status_code=error.status)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(_: Request, error: HTTPException):
+        kind = {404: "not_found_error", 405: "method_not_allowed"}.get(error.status_code, "invalid_request_error")
+        message = {404: "no such route", 405: "method not allowed on this route"}.get(error.status_code,
+                                                                                     str(error.detail))
+        return JSONResponse(ApiError(error.status_code, message, kind=kind).body(), status_code=error.status_code,
+                            headers=getattr(error, "headers", None))
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(_: Request, error: RequestValidationError):
+        return JSONResponse(ApiError(422, f"malformed request: {error.errors()[:1]}").body(), status_code=422)
+
+    @app.exception_handler(Exception)
+    async def internal_error(_: Request, error: Exception):
+        body = ApiError(500, f"internal error: {type(error).__name__}", kind="internal_error").body()
+        return JSONResponse(body, status_code=500)
+
+    @app.get("/health")
+    async def health():
+        return {"status": "ok", "model": served_name, "running": int(scheduler.running is not None),
+                "waiting": scheduler.waiting}
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [{"id": served_name, "object": "model", "created": int(time.time()),
+                                            "owned_by": "ssr"}]}
+
+    @app.get("/metrics")
+    async def metrics():
+        return PlainTextResponse(prometheus(stats, scheduler, model.engine))
+
+    async def handle(request: Request, kind: str):
+        parsed = parse_request(parse_body(await request.body()), kind, served, defaults)
+        job = scheduler.submit(parsed)
+        first = await _next_event(job, request)
+        if first is None:
+            return JSONResponse({}, status_code=499)  # the client left while queued
+        if first[0] == "error":
+            raise first[1]
+        prompt_tokens = first[1]["prompt_tokens"]
+        if parsed.stream:
+            return StreamingResponse(_sse(job, parsed, served_name, prompt_tokens), media_type="text/event-stream")
+        reasoning, answer = [], []
+        while True:
+            event = await _next_event(job, request)
+            if event is None:
+                return JSONResponse({}, status_code=499)
+            name, payload = event
+            if name == "error":
+                raise payload
+            if name == "done":
+                body = final_response(parsed, served_name, "".join(reasoning).strip(), "".join(answer).strip(),
+                                      payload["finish_reason"], usage(prompt_tokens, payload["metrics"]),
+                                      payload["metrics"])
+                return JSONResponse(body)
+            (reasoning if name == "reasoning" else answer).append(payload)
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request):
+        return await handle(request, "chat")
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        return await handle(request, "completion")
+
+    return app
+
+
+async def _next_event(job: Job, request) -> tuple[str, object] | None:
+    """The job's next event; None (and the job cancelled) if the client disconnected."""
+    while True:
+        try:
+            return await asyncio.wait_for(job.events.get(), timeout=DISCONNECT_POLL_S)
+        except asyncio.TimeoutError:
+            if await request.is_disconnected():
+                job.cancelled.set()
+                return None
+        except asyncio.CancelledError:
+            job.cancelled.set()
+            raise
+
+
+async def _sse(job: Job, request: ParsedRequest, model: str, prompt_tokens: int):
+    """Server-sent events; a client that goes away cancels the job (finally)."""
+    def data(payload: dict) -> str:
+        return f"data: {json.dumps(payload)}\n\n"
+
+    chat = request.kind == "chat"
+    try:
+        if chat:
+            yield data(chat_chunk(request, model, {"role": "assistant", "content": ""}))
+        while True:
+            name, payload = await job.events.get()
+            if name == "error":
+                yield data(payload.body())
+                break
+            if name in ("reasoning", "answer"):
+                if chat:
+                    yield data(chat_chunk(request, model, {"reasoning_content" if name == "reasoning" else "content":
+                                                           payload}))
+                else:
+                    yield data(completion_chunk(request, model, "" if name == "reasoning" else payload,
+                                                payload if name == "reasoning" else None))
+                continue
+            # done: the finish chunk carries usage and the ssr metrics
+            used = usage(prompt_tokens, payload["metrics"])
+            last = (chat_chunk(request, model, {}, payload["finish_reason"]) if chat
+                    else completion_chunk(request, model, "", None, payload["finish_reason"]))
+            last["usage"], last["ssr"] = used, payload["metrics"]
+            yield data(last)
+            if request.include_usage:
+                tail = chat_chunk(request, model, {}) if chat else completion_chunk(request, model, "")
+                tail["choices"], tail["usage"] = [], used
+                yield data(tail)
+            break
+        yield "data: [DONE]\n\n"
+    finally:
+        job.cancelled.set()  # harmless when finished; frees the sequences when the client left
+
+
+VLLM_LIKE = (  # (name, help, counter key) - same meaning as vLLM's spec-decode counters
+    ("ssr:spec_decode_num_drafts", "Verify passes (draft prefix and suffix spans).", "verify_passes"),
+    ("ssr:spec_decode_num_draft_tokens", "Tokens proposed for verification.", "proposed_tokens"),
+    ("ssr:spec_decode_num_accepted_tokens", "Proposed tokens accepted.", "accepted_tokens"),
+    ("ssr:prompt_tokens", "Prompt tokens processed.", "prompt_tokens"),
+    ("ssr:generation_tokens", "Tokens generated (reasoning and answer).", "generation_tokens"),
+)
+SSR_OWN = (
+    ("ssr:draft_children", "Draft children forked from a partial chain of thought.", "drafts"),
+    ("ssr:draft_child_tokens", "Answer tokens written by draft children.", "draft_tokens"),
+    ("ssr:accepted_prefix_tokens", "Draft tokens accepted as the answer's prefix.", "accepted_prefix_tokens"),
+    ("ssr:suffix_proposed_tokens", "Tokens proposed by suffix decoding.", "suffix_proposed_tokens"),
+    ("ssr:suffix_accepted_tokens", "Suffix-decoding tokens accepted.", "suffix_accepted_tokens"),
+    ("ssr:reasoning_tokens", "Chain-of-thought tokens.", "reasoning_tokens"),
+)
+
+
+def prometheus(stats: Stats, scheduler: Scheduler, engine) -> str:
+    with stats.lock:
+        c = dict(stats.counters)
+        stages = dict(stats.stage_seconds)
+    c["proposed_tokens"] = c.get("verified_draft_tokens", 0) + c.get("suffix_proposed_tokens", 0)
+    c["accepted_tokens"] = c.get("accepted_prefix_tokens", 0) + c.get("suffix_accepted_tokens", 0)
+    c["generation_tokens"] = c.get("reasoning_tokens", 0) + c.get("answer_tokens", 0)
+    lines = []
+    for name, text, key in VLLM_LIKE + SSR_OWN:
+        lines += [f"# HELP {name}_total {text}", f"# TYPE {name}_total counter", f"{name}_total {c.get(key, 0)}"]
+    lines += ["# HELP ssr:stage_seconds_total Wall seconds per request stage (draft overlaps cot).",
+              "# TYPE ssr:stage_seconds_total counter"]
+    lines += [f'ssr:stage_seconds_total{{stage="{stage}"}} {seconds:.6f}' for stage, seconds in sorted(stages.items())]
+    lines += ["# HELP ssr:requests_total Finished requests by outcome.", "# TYPE ssr:requests_total counter"]
+    for outcome in ("ok", "cancelled", "timed_out", "rejected", "invalid", "failed"):
+        lines.append(f'ssr:requests_total{{outcome="{outcome}"}} {c.get(outcome, 0)}')
+    gauges = (("ssr:num_requests_running", "Requests decoding now.", int(scheduler.running is not None)),
+              ("ssr:num_requests_waiting", "Requests in the queue.", scheduler.waiting),
+              ("ssr:live_sequences", "Engine sequences holding KV cache.", _live(engine)))
+    for name, text, value in gauges:
+        lines += [f"# HELP {name} {text}", f"# TYPE {name} gauge", f"{name} {value}"]
+    return "\n".join(lines) + "\n"
+
+
+def _live(engine) -> int:
+    counter = getattr(engine, "live_sequences", None)
+    return counter() if counter else -1

@@ -1,0 +1,195 @@
+"""OpenAI-compatible request parsing and response shapes, free of any web framework.
+
+Malformed bodies (not JSON, not an object, a required field missing, a field of the
+wrong type) raise `ApiError` 422; well-formed bodies with invalid values raise 400;
+an unknown model 404. SSR's own options ride in the body as `"ssr": {...}`.
+"""
+from __future__ import annotations
+
+import json
+import re
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..config import MODES, ConfigError, GenerationConfig, SamplingParams
+
+ROLES = ("system", "user", "assistant")
+SSR_OPTIONS = {"mode": str, "thinking_budget": int, "draft_at": int, "draft_tokens": int, "verify": str,
+               "verify_chunk": int, "template": str}
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str, param: str | None = None, kind: str = "invalid_request_error",
+                 code: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.param, self.kind, self.code = status, message, param, kind, code
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
+
+
+@dataclass(frozen=True)
+class ParsedRequest:
+    kind: str  # "chat" or "completion"
+    prompt: str | list[dict[str, str]]  # completion text, or chat messages
+    config: GenerationConfig
+    template: str | None
+    stream: bool
+    include_usage: bool
+    stop: tuple[str, ...]
+    request_id: str = field(default_factory=lambda: f"ssr-{uuid.uuid4().hex[:24]}")
+    created: int = field(default_factory=lambda: int(time.time()))
+
+
+def parse_body(raw: bytes) -> dict:
+    try:
+        body = json.loads(raw or b"")
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise ApiError(422, f"the body is not valid JSON: {error}") from error
+    if not isinstance(body, dict):
+        raise ApiError(422, "the body must be a JSON object")
+    return body
+
+
+def _typed(body: dict, name: str, kinds: type | tuple[type, ...], default: Any = None, where: str = "") -> Any:
+    value = body.get(name, default)
+    if value is None:
+        return default
+    kinds = kinds if isinstance(kinds, tuple) else (kinds,)
+    if isinstance(value, bool) and bool not in kinds or not isinstance(value, kinds):
+        wanted = " or ".join(k.__name__ for k in kinds)
+        raise ApiError(422, f"{where}{name} must be {wanted}, got {type(value).__name__}", param=where + name)
+    return value
+
+
+def _messages(body: dict) -> list[dict[str, str]]:
+    messages = body.get("messages")
+    if not isinstance(messages, list):
+        raise ApiError(422, "messages is required: a list of {role, content} objects", param="messages")
+    if not messages:
+        raise ApiError(400, "messages must not be empty", param="messages")
+    out = []
+    for index, message in enumerate(messages):
+        where = f"messages[{index}]"
+        if not isinstance(message, dict) or "role" not in message or "content" not in message:
+            raise ApiError(422, f"{where} must be an object with role and content", param=where)
+        if message["role"] not in ROLES:
+            raise ApiError(400, f"{where}.role must be one of {', '.join(ROLES)}", param=f"{where}.role")
+        content = message["content"]
+        if isinstance(content, list):  # [{"type": "text", "text": ...}]
+            if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
+                       for p in content):
+                raise ApiError(400, f"{where}.content: only text parts are supported", param=f"{where}.content")
+            content = "".join(p["text"] for p in content)
+        if not isinstance(content, str):
+            raise ApiError(422, f"{where}.content must be a string or a list of text parts", param=f"{where}.content")
+        out.append({"role": message["role"], "content": content})
+    if not any(m["role"] == "user" and m["content"].strip() for m in out):
+        raise ApiError(400, "messages need a user message with text", param="messages")
+    return out
+
+
+def _stop(body: dict) -> tuple[str, ...]:
+    stop = body.get("stop")
+    if stop is None:
+        return ()
+    stops = [stop] if isinstance(stop, str) else stop
+    if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
+        raise ApiError(422, "stop must be a string or a list of strings", param="stop")
+    if len(stops) > 4 or any(not s for s in stops):
+        raise ApiError(400, "stop: at most 4 non-empty strings", param="stop")
+    return tuple(stops)
+
+
+def parse_request(body: dict, kind: str, served: set[str], defaults: GenerationConfig) -> ParsedRequest:
+    """Validate one chat or completion body into a ParsedRequest (ApiError otherwise)."""
+    model = _typed(body, "model", str)
+    if model is None:
+        raise ApiError(422, "model is required", param="model")
+    if model not in served:
+        raise ApiError(404, f"model {model!r} is not served here (GET /v1/models)", param="model",
+                       code="model_not_found")
+    if kind == "chat":
+        prompt: str | list[dict[str, str]] = _messages(body)
+    else:
+        prompt = _typed(body, "prompt", str)
+        if prompt is None:
+            raise ApiError(422, "prompt is required (a string)", param="prompt")
+        if not prompt.strip():
+            raise ApiError(400, "prompt is empty", param="prompt")
+    n = _typed(body, "n", int, 1)
+    if n != 1:
+        raise ApiError(400, "n must be 1", param="n")
+    max_tokens = _typed(body, "max_completion_tokens", int)
+    if max_tokens is None:
+        max_tokens = _typed(body, "max_tokens", int, defaults.max_tokens)
+    options = _typed(body, "ssr", dict, {})
+    for name, value in options.items():
+        if name not in SSR_OPTIONS:
+            raise ApiError(400, f"ssr.{name} is not an option; use {', '.join(SSR_OPTIONS)}", param=f"ssr.{name}")
+        _typed(options, name, SSR_OPTIONS[name], where="ssr.")
+    stream_options = _typed(body, "stream_options", dict, {})
+    try:
+        sampling = SamplingParams(
+            temperature=float(_typed(body, "temperature", (int, float), 0.0)),
+            top_p=float(_typed(body, "top_p", (int, float), 1.0)),
+            top_k=_typed(body, "top_k", int, 0),
+            seed=_typed(body, "seed", int, 0),
+        )
+        config = GenerationConfig(
+            mode=options.get("mode", defaults.mode), sampling=sampling, max_tokens=max_tokens,
+            thinking_budget=options.get("thinking_budget", defaults.thinking_budget),
+            draft_at=options.get("draft_at", defaults.draft_at),
+            draft_tokens=options.get("draft_tokens", defaults.draft_tokens),
+            verify=options.get("verify", defaults.verify),
+            verify_chunk=options.get("verify_chunk", defaults.verify_chunk),
+        )
+    except ConfigError as error:  # the CLI's messages name flags; here they name fields
+        message = re.sub(r"--([a-z-]+)", lambda m: m[1].replace("-", "_"), str(error))
+        raise ApiError(400, message) from error
+    if options.get("mode") is not None and options["mode"] not in MODES:
+        raise ApiError(400, f"ssr.mode must be one of {', '.join(MODES)}", param="ssr.mode")
+    return ParsedRequest(
+        kind=kind, prompt=prompt, config=config, template=options.get("template"),
+        stream=bool(_typed(body, "stream", bool, False)),
+        include_usage=bool(_typed(stream_options, "include_usage", bool, False)), stop=_stop(body),
+    )
+
+
+# -- responses ------------------------------------------------------------------------------
+
+
+def usage(prompt_tokens: int, metrics: dict) -> dict:
+    completion = metrics["cot_tokens"] + metrics["forced_tokens"] + metrics["answer_tokens"]
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion,
+            "total_tokens": prompt_tokens + completion,
+            "completion_tokens_details": {"reasoning_tokens": metrics["cot_tokens"]}}
+
+
+def chat_chunk(request: ParsedRequest, model: str, delta: dict, finish_reason: str | None = None) -> dict:
+    return {"id": request.request_id, "object": "chat.completion.chunk", "created": request.created,
+            "model": model, "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason}]}
+
+
+def completion_chunk(request: ParsedRequest, model: str, text: str, reasoning: str | None = None,
+                     finish_reason: str | None = None) -> dict:
+    choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+    if reasoning is not None:
+        choice["reasoning_content"] = reasoning
+    return {"id": request.request_id, "object": "text_completion", "created": request.created,
+            "model": model, "choices": [choice]}
+
+
+def final_response(request: ParsedRequest, model: str, reasoning: str, answer: str, finish_reason: str,
+                   usage_block: dict, metrics: dict) -> dict:
+    if request.kind == "chat":
+        body = {"id": request.request_id, "object": "chat.completion", "created": request.created, "model": model,
+                "choices": [{"index": 0, "finish_reason": finish_reason,
+                             "message": {"role": "assistant", "content": answer, "reasoning_content": reasoning}}]}
+    else:
+        body = completion_chunk(request, model, answer, reasoning, finish_reason)
+    body["usage"] = usage_block
+    body["ssr"] = metrics
+    return body

@@ -1,0 +1,192 @@
+"""One engine, many clients: a worker thread runs queued requests one at a time.
+
+Design (documented in the README): the engine and its KV cache belong to one worker
+thread; HTTP handlers put `Job`s in a bounded FIFO (full -> 429) and read the job's
+events from an asyncio queue. Between two decoded chunks (one token step or one
+verify pass) the worker checks the job's cancel flag (client gone) and deadline
+(time-out); closing the generation releases its sequences and KV at once. Requests
+are not batched together: on a CPU a second sequence costs nearly a full step, and
+SSR's own draft child already uses the batch.
+"""
+from __future__ import annotations
+
+import asyncio
+import collections
+import threading
+import time
+from dataclasses import dataclass, field
+
+from ..config import ConfigError
+from ..engines.base import EngineError
+from .protocol import ApiError, ParsedRequest
+
+
+@dataclass
+class Job:
+    request: ParsedRequest
+    loop: asyncio.AbstractEventLoop  # the event loop that reads `events`
+    deadline: float  # time.monotonic() after which the job is stopped
+    events: asyncio.Queue = field(default_factory=asyncio.Queue)  # (kind, payload) tuples
+    cancelled: threading.Event = field(default_factory=threading.Event)
+
+    def emit(self, kind: str, payload) -> None:
+        self.loop.call_soon_threadsafe(self.events.put_nowait, (kind, payload))
+
+
+class Stats:
+    """Counters for /metrics (read by the handler thread, written by the worker)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.counters: collections.Counter[str] = collections.Counter()
+        self.stage_seconds: collections.Counter[str] = collections.Counter()
+
+    def add(self, **counts: float) -> None:
+        with self.lock:
+            self.counters.update(counts)
+
+    def add_metrics(self, metrics: dict) -> None:
+        with self.lock:
+            c = self.counters
+            c["drafts"] += metrics["draft_tokens"] > 0
+            if metrics["mode"] in ("ssr", "ssr-prefix"):  # the draft is verified as a prefix
+                c["verified_draft_tokens"] += metrics["draft_tokens"]
+            c["draft_tokens"] += metrics["draft_tokens"]
+            c["accepted_prefix_tokens"] += metrics["accepted_prefix_tokens"]
+            c["suffix_proposed_tokens"] += metrics["suffix_proposed_tokens"]
+            c["suffix_accepted_tokens"] += metrics["suffix_accepted_tokens"]
+            c["verify_passes"] += metrics["verify_passes"]
+            c["reasoning_tokens"] += metrics["cot_tokens"]
+            c["answer_tokens"] += metrics["answer_tokens"]
+            c["prompt_tokens"] += metrics["prompt_tokens"]
+            self.stage_seconds.update(metrics["seconds"])
+
+
+class Scheduler:
+    def __init__(self, model, max_queue: int, timeout_s: float, stats: Stats) -> None:
+        self.model, self.max_queue, self.timeout_s, self.stats = model, max_queue, timeout_s, stats
+        self._waiting: collections.deque[Job] = collections.deque()
+        self._wake = threading.Condition()
+        self.running: Job | None = None
+        self._stopping = False
+        self._thread = threading.Thread(target=self._loop, name="ssr-engine", daemon=True)
+        self._thread.start()
+
+    @property
+    def waiting(self) -> int:
+        return len(self._waiting)
+
+    def submit(self, request: ParsedRequest) -> Job:
+        job = Job(request, asyncio.get_running_loop(), time.monotonic() + self.timeout_s)
+        with self._wake:
+            if len(self._waiting) >= self.max_queue:
+                self.stats.add(rejected=1)
+                raise ApiError(429, f"the server is busy: {self.max_queue} requests already wait; retry later",
+                               kind="rate_limit_error", code="queue_full")
+            self._waiting.append(job)
+            self._wake.notify()
+        return job
+
+    def stop(self) -> None:
+        with self._wake:
+            self._stopping = True
+            self._wake.notify()
+        self._thread.join(timeout=30)
+
+    def _loop(self) -> None:
+        while True:
+            with self._wake:
+                while not self._waiting and not self._stopping:
+                    self._wake.wait()
+                if self._stopping:
+                    return
+                job = self._waiting.popleft()
+                self.running = job
+            try:
+                self._run(job)
+            except Exception as error:  # noqa: BLE001 - a request must never take the worker down
+                self.stats.add(failed=1)
+                job.emit("error", ApiError(500, f"internal error: {type(error).__name__}: {error}",
+                                           kind="internal_error"))
+            finally:
+                self.running = None
+
+    def _run(self, job: Job) -> None:
+        if job.cancelled.is_set():
+            self.stats.add(cancelled=1)
+            return
+        if time.monotonic() > job.deadline:
+            self.stats.add(timed_out=1)
+            job.emit("error", ApiError(504, "timed out while waiting in the queue", kind="timeout_error"))
+            return
+        request = job.request
+        try:
+            generation = self.model.start(request.prompt, request.config, request.template)
+        except ConfigError as error:  # e.g. prompt + budgets longer than the context
+            self.stats.add(invalid=1)
+            job.emit("error", ApiError(400, str(error).replace("--", "")))
+            return
+        job.emit("started", {"prompt_tokens": len(generation.prompt_ids)})
+        finish, stops = None, _StopFilter(request.stop)
+        chunks = iter(generation)
+        try:
+            for chunk in chunks:
+                if job.cancelled.is_set():
+                    finish = "cancelled"
+                    break
+                if time.monotonic() > job.deadline:
+                    finish = "timeout"
+                    break
+                if chunk.channel == "reasoning":
+                    job.emit("reasoning", chunk.text)
+                    continue
+                text, hit = stops.push(chunk.text)
+                if text:
+                    job.emit("answer", text)
+                if hit:
+                    finish = "stop"
+                    break
+        except EngineError as error:
+            finish = "error"
+            job.emit("error", ApiError(500, f"engine error: {error}", kind="internal_error"))
+        finally:
+            chunks.close()  # releases the parent and any draft child at once
+        if finish is None:
+            tail = stops.flush()
+            if tail:
+                job.emit("answer", tail)
+            finish = "length" if generation.metrics.stop == "max_tokens" else "stop"
+        metrics = generation.metrics.as_dict()
+        self.stats.add_metrics(metrics)
+        self.stats.add(**{{"cancelled": "cancelled", "timeout": "timed_out", "error": "failed"}.get(finish, "ok"): 1})
+        if finish == "timeout":
+            job.emit("error", ApiError(504, f"the request ran past the {self.timeout_s:g} s time-out",
+                                       kind="timeout_error"))
+        elif finish not in ("cancelled", "error"):
+            job.emit("done", {"finish_reason": finish, "metrics": metrics})
+
+
+class _StopFilter:
+    """Cuts the answer at the first stop string; holds back a possible partial match."""
+
+    def __init__(self, stops: tuple[str, ...]) -> None:
+        self.stops = stops
+        self.text = ""  # answer so far
+        self.sent = 0  # characters of it already emitted
+
+    def push(self, piece: str) -> tuple[str, bool]:
+        self.text += piece
+        if not self.stops:
+            return self._emit(len(self.text)), False
+        hits = [i for i in (self.text.find(s) for s in self.stops) if i >= 0]
+        if hits:
+            return self._emit(min(hits)), True
+        hold = max(len(s) for s in self.stops) - 1
+        return self._emit(max(self.sent, len(self.text) - hold)), False
+
+    def flush(self) -> str:
+        return self._emit(len(self.text))
+
+    def _emit(self, upto: int) -> str:
+        out, self.sent = self.text[self.sent : upto], max(self.sent, upto)
+        return out

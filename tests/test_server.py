@@ -1,0 +1,147 @@
+"""A real `ssr serve` process with the default model, driven by the official openai client."""
+from __future__ import annotations
+
+import re
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+
+import pytest
+
+openai = pytest.importorskip("openai")
+pytest.importorskip("fastapi")
+
+MODEL = "smollm2-135m"
+MESSAGES = [{"role": "user", "content": "Write a Python function is_even(n)."}]
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _get(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=10) as reply:
+        return reply.read().decode()
+
+
+@pytest.fixture(scope="module")
+def server():
+    port = _free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ssr.cli", "serve", "--port", str(port), "--thinking-budget", "24", "--draft-at", "8",
+         "--draft-tokens", "16", "--max-tokens", "32", "--max-queue", "8"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 180
+    while time.time() < deadline:
+        try:
+            if '"ok"' in _get(base + "/health"):
+                break
+        except OSError:
+            time.sleep(0.5)
+        if proc.poll() is not None:
+            pytest.fail(f"server exited: {proc.stdout.read()}")
+    yield base
+    proc.terminate()
+    proc.wait(timeout=30)
+
+
+@pytest.fixture()
+def client(server):
+    return openai.OpenAI(base_url=server + "/v1", api_key="unused", max_retries=0, timeout=300)
+
+
+def _metric(base: str, name: str) -> float:
+    match = re.search(rf"^{re.escape(name)} (\S+)$", _get(base + "/metrics"), flags=re.MULTILINE)
+    return float(match.group(1))
+
+
+def test_models_and_chat(client):
+    assert [m.id for m in client.models.list().data] == [MODEL]
+    reply = client.chat.completions.create(model=MODEL, messages=MESSAGES)
+    message = reply.choices[0].message
+    assert message.content.startswith("```python")
+    assert message.model_extra["reasoning_content"].startswith("Plan")
+    assert reply.usage.prompt_tokens > 0 and reply.usage.completion_tokens > reply.usage.completion_tokens_details.reasoning_tokens
+    assert reply.model_extra["ssr"]["mode"] == "ssr"
+
+
+def test_stream_separates_reasoning_and_answer(client):
+    reasoning, content, usage = [], [], None
+    stream = client.chat.completions.create(model=MODEL, messages=MESSAGES, stream=True,
+                                            stream_options={"include_usage": True})
+    for chunk in stream:
+        if chunk.usage:
+            usage = chunk.usage
+        if chunk.choices:
+            delta = chunk.choices[0].delta
+            if (delta.model_extra or {}).get("reasoning_content"):
+                assert not content, "reasoning after the answer started"
+                reasoning.append(delta.model_extra["reasoning_content"])
+            if delta.content:
+                content.append(delta.content)
+    assert "".join(reasoning).startswith("Plan") and "".join(content).startswith("```python")
+    assert usage is not None and usage.total_tokens > 0
+
+
+def test_stream_equals_non_stream_greedy(client):
+    whole = client.chat.completions.create(model=MODEL, messages=MESSAGES, extra_body={"ssr": {"mode": "ar"}})
+    streamed = "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(
+        model=MODEL, messages=MESSAGES, stream=True) if c.choices)
+    assert streamed.strip() == whole.choices[0].message.content
+
+
+def test_completions(client):
+    reply = client.completions.create(model=MODEL, prompt="Write is_odd(n) in Python.", max_tokens=16)
+    assert reply.choices[0].text and reply.choices[0].finish_reason in ("stop", "length")
+
+
+def test_four_concurrent_clients(client):
+    answers: dict[int, str] = {}
+
+    def ask(index: int) -> None:
+        reply = client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": f"Write a function that adds {index} to x."}],
+            max_tokens=16)
+        answers[index] = reply.choices[0].message.content
+
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=600)
+    assert sorted(answers) == [0, 1, 2, 3] and all(answers.values())
+
+
+def test_cancelled_stream_frees_its_sequences(client, server):
+    before = _metric(server, 'ssr:requests_total{outcome="cancelled"}')
+    stream = client.chat.completions.create(model=MODEL, messages=MESSAGES, stream=True,
+                                            extra_body={"ssr": {"thinking_budget": 200, "draft_at": 4}},
+                                            max_tokens=200)
+    for count, _ in enumerate(stream):
+        if count == 3:
+            break
+    stream.close()
+    deadline = time.time() + 30
+    while time.time() < deadline:
+        if _metric(server, 'ssr:requests_total{outcome="cancelled"}') > before:
+            break
+        time.sleep(0.2)
+    assert _metric(server, 'ssr:requests_total{outcome="cancelled"}') == before + 1
+    assert _metric(server, "ssr:live_sequences") == 0 and _metric(server, "ssr:num_requests_running") == 0
+
+
+def test_errors_through_the_client(client):
+    with pytest.raises(openai.NotFoundError):
+        client.chat.completions.create(model="gpt-9", messages=MESSAGES)
+    with pytest.raises(openai.BadRequestError) as error:
+        client.chat.completions.create(model=MODEL, messages=MESSAGES, temperature=-1)
+    assert "temperature must be >= 0" in str(error.value)
+    with pytest.raises(openai.BadRequestError) as error:
+        client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "word " * 9000}])
+    assert "more than the context holds" in str(error.value)
