@@ -44,6 +44,10 @@ BAD_INPUT = [
     (["simulate", "--traces", "/etc", "--cost-model", "/no/costs.json"], "cannot read cost model"),
     (["simulate"], "the following arguments are required: --traces"),
     (["calibrate", "--repeats", "0"], "--repeats must be >= 1"),
+    (["calibrate", "--context-tokens", "4"], "--context-tokens must be in 8.."),
+    (["serve", "--port", "0"], "--port must be in 1..65535"),
+    (["serve", "--max-queue", "-1"], "--max-queue must be >= 0"),
+    (["serve", "--draft-at", "900", "--thinking-budget", "100"], "--draft-at (900) must be smaller"),
 ]
 
 

@@ -59,12 +59,15 @@ def build_parser() -> argparse.ArgumentParser:
     calib = commands.add_parser("calibrate", help="measure the engine's step, score and prefill costs (JSON)")
     add_model_arguments(calib)
     calib.add_argument("--repeats", type=int, default=5, help="timings per probe; the median is kept")
+    calib.add_argument("--context-tokens", type=int, default=1024,
+                       help="tokens already cached when probing (default 1024, a typical request's context)")
     calib.add_argument("--out", default=None, help="also write the JSON to this file")
 
     sim = commands.add_parser("simulate", help="replay bench traces under a cost model; projected ratios to ar")
     sim.add_argument("--traces", nargs="+", required=True, help="bench folders or JSONL files")
     sim.add_argument("--cost-model", default="gpu", help="a JSON from ssr calibrate, or the preset 'gpu'")
     sim.add_argument("--json", action="store_true", help="print the table as JSON")
+    sim.add_argument("--markdown", action="store_true", help="print the table as markdown")
 
     serve = commands.add_parser("serve", help="OpenAI-compatible HTTP server (chat and completions)")
     add_model_arguments(serve)

@@ -92,10 +92,14 @@ def cmd_calibrate(args: argparse.Namespace, model_loader) -> int:
 
     if args.repeats < 1:
         raise ConfigError(f"--repeats must be >= 1, got {args.repeats}")
+    if not 8 <= args.context_tokens <= args.context_size - 600:
+        raise ConfigError(f"--context-tokens must be in 8..{args.context_size - 600} (--context-size minus "
+                          f"room for the probes), got {args.context_tokens}")
     model = model_loader(args)
     with tqdm(total=max(1, args.repeats // 2) + len(STEP_SIZES) + len(SCORE_SIZES), unit="probe",
               disable=not sys.stderr.isatty()) as bar:
-        costs = calibrate(model.engine, repeats=args.repeats, progress=lambda: bar.update(1))
+        costs = calibrate(model.engine, repeats=args.repeats, context_tokens=args.context_tokens,
+                          progress=lambda: bar.update(1))
     costs = replace(costs, meta={**costs.meta, "model": args.model, "threads": args.threads})
     text = costs.to_json()
     if args.out:
@@ -124,5 +128,5 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         print(json.dumps({"cost_model": costs.source, "table": table}, indent=1))
     else:
         print(f"cost model: {costs.source}")
-        print(format_projection(table))
+        print(format_projection(table, markdown=args.markdown))
     return 0

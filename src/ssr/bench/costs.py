@@ -94,7 +94,7 @@ def load_costs(spec: str) -> Costs:
         raise ConfigError(f"cannot read cost model {spec!r}: {error} (give a calibrate JSON or 'gpu')") from error
 
 
-def calibrate(engine, repeats: int = 5, context_tokens: int = 256, progress=None) -> Costs:
+def calibrate(engine, repeats: int = 5, context_tokens: int = 1024, progress=None) -> Costs:
     """Median wall seconds of step (1, 2, 4 sequences), score (8..512 tokens) and prefill,
     measured on this engine at a context of `context_tokens` tokens."""
     tick = progress or (lambda: None)

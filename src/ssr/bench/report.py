@@ -117,12 +117,19 @@ def format_table(table: list[dict], markdown: bool = False) -> str:
         lines.append([t["suite"], t["mode"], str(t["runs"]), _fmt(t["median_s"]), _fmt(t["median_first_answer_s"]),
                       ratio, _fmt(t["mean_accepted_prefix"], 1), _fmt(t["mean_suffix_accepted"], 1),
                       _fmt(t["mean_answer_tokens"], 1), _fmt(t["quality"]), f"{t['identical']}/{t['runs']}"])
+    return render_table(columns, lines, markdown)
+
+
+def render_table(columns: list[str], lines: list[list[str]], markdown: bool = False) -> str:
+    """Markdown, or aligned plain text (first two columns left, the rest right)."""
     if markdown:
         out = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
         return "\n".join(out + ["| " + " | ".join(line) + " |" for line in lines])
     widths = [max(len(c), *(len(line[i]) for line in lines)) if lines else len(c) for i, c in enumerate(columns)]
-    render = lambda cells: "  ".join(cell.ljust(w) if i < 2 else cell.rjust(w)  # noqa: E731
-                                     for i, (cell, w) in enumerate(zip(cells, widths)))
+
+    def render(cells: list[str]) -> str:
+        return "  ".join(cell.ljust(w) if i < 2 else cell.rjust(w) for i, (cell, w) in enumerate(zip(cells, widths)))
+
     return "\n".join([render(columns), "-" * (sum(widths) + 2 * len(widths))] + [render(line) for line in lines])
 
 

@@ -23,6 +23,7 @@ from ..config import GenerationConfig, SamplingParams, SuffixParams
 from ..policy import AcceptanceStats, CostModel, best_span_length
 from ..proposers import PromptLookupProposer, SuffixProposer
 from .costs import Costs
+from .report import render_table
 
 EOS = -1  # stands for whichever end-of-sequence token the model wrote
 
@@ -212,10 +213,4 @@ def format_projection(table: list[dict], markdown: bool = False) -> str:
               f"{100 * t['abs_error']:.1f}%",
               "-" if t["measured_ratio"] is None else f"{t['measured_ratio']:.3f}",
               "-" if t["modelled_ratio"] is None else f"{t['modelled_ratio']:.3f}"] for t in table]
-    if markdown:
-        return "\n".join(["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-                         + ["| " + " | ".join(line) + " |" for line in lines])
-    widths = [max(len(c), *(len(line[i]) for line in lines)) if lines else len(c) for i, c in enumerate(columns)]
-    render = lambda cells: "  ".join(c.ljust(w) if i < 2 else c.rjust(w)  # noqa: E731
-                                     for i, (c, w) in enumerate(zip(cells, widths)))
-    return "\n".join([render(columns)] + [render(line) for line in lines])
+    return render_table(columns, lines, markdown)
