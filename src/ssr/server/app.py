@@ -38,26 +38,7 @@ def create_app(model, served_name: str, max_queue: int = 16, timeout_s: float = 
     app = FastAPI(title="ssr", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
     app.state.scheduler = scheduler
 
-    @app.exception_handler(ApiError)
-    async def api_error(_: Request, error: ApiError):
-        return JSONResponse(error.body(), status_code=error.status)
-
-    @app.exception_handler(HTTPException)
-    async def http_error(_: Request, error: HTTPException):
-        kind = {404: "not_found_error", 405: "method_not_allowed"}.get(error.status_code, "invalid_request_error")
-        message = {404: "no such route", 405: "method not allowed on this route"}.get(error.status_code,
-                                                                                     str(error.detail))
-        return JSONResponse(ApiError(error.status_code, message, kind=kind).body(), status_code=error.status_code,
-                            headers=getattr(error, "headers", None))
-
-    @app.exception_handler(RequestValidationError)
-    async def validation_error(_: Request, error: RequestValidationError):
-        return JSONResponse(ApiError(422, f"malformed request: {error.errors()[:1]}").body(), status_code=422)
-
-    @app.exception_handler(Exception)
-    async def internal_error(_: Request, error: Exception):
-        body = ApiError(500, f"internal error: {type(error).__name__}", kind="internal_error").body()
-        return JSONResponse(body, status_code=500)
+    _install_error_handlers(app)
 
     @app.get("/health")
     async def health():
@@ -108,6 +89,31 @@ def create_app(model, served_name: str, max_queue: int = 16, timeout_s: float = 
         return await handle(request, "completion")
 
     return app
+
+
+def _install_error_handlers(app: FastAPI) -> None:
+    """Every error as OpenAI-style JSON: ours, routing (404/405), validation, anything else."""
+
+    @app.exception_handler(ApiError)
+    async def api_error(_: Request, error: ApiError):
+        return JSONResponse(error.body(), status_code=error.status)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(_: Request, error: HTTPException):
+        kind = {404: "not_found_error", 405: "method_not_allowed"}.get(error.status_code, "invalid_request_error")
+        message = {404: "no such route", 405: "method not allowed on this route"}.get(error.status_code,
+                                                                                     str(error.detail))
+        return JSONResponse(ApiError(error.status_code, message, kind=kind).body(), status_code=error.status_code,
+                            headers=getattr(error, "headers", None))
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(_: Request, error: RequestValidationError):
+        return JSONResponse(ApiError(422, f"malformed request: {error.errors()[:1]}").body(), status_code=422)
+
+    @app.exception_handler(Exception)
+    async def internal_error(_: Request, error: Exception):
+        body = ApiError(500, f"internal error: {type(error).__name__}", kind="internal_error").body()
+        return JSONResponse(body, status_code=500)
 
 
 async def _next_event(job: Job, request) -> tuple[str, object] | None:
