@@ -50,7 +50,8 @@ def bench_row(engine, prompt, mode, item, **overrides) -> dict:
     return {"suite": "fake", "item": item, "repeat": 0, "mode": mode, "prompt_ids": list(prompt),
             "cot_ids": result.cot_ids, "forced_ids": result.forced_ids, "answer_ids": result.answer_ids,
             "draft_ids": result.draft_ids, "metrics": result.metrics.as_dict(),
-            "config": asdict(generation.config), "answer_prefix_ids": generation.answer_prefix_ids}
+            "config": asdict(generation.config), "answer_prefix_ids": generation.answer_prefix_ids,
+            "trace": result.trace}
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -66,13 +67,19 @@ def test_replay_reproduces_acceptance(mode, draft_at):
         assert replayed.answer_tokens == metrics["answer_tokens"]
 
 
-def test_replay_seconds_match_an_engine_with_known_costs():
+@pytest.mark.parametrize("spans, adaptive", [("policy", False), ("recorded", True)])
+def test_replay_seconds_match_an_engine_with_known_costs(spans, adaptive):
+    """policy: spans re-decided (exact only without the learnt span cut); recorded: the
+    run's own spans, whatever decided them."""
     # engine calls long next to the loop's own Python time (which is not modelled)
     costs = Costs(step_s={1: 0.03, 2: 0.05, 4: 0.09}, score_s={8: 0.04, 32: 0.07, 128: 0.2, 512: 0.7},
                   prefill_token_s=0.001)
-    budgets = dict(thinking_budget=24, draft_at=8, draft_tokens=20, max_tokens=30, adaptive_spans=False)
-    rows = [bench_row(SleepyEngine(costs), PROMPTS[0], mode, "0", **budgets) for mode in MODES]
-    table = summarise_projection(simulate(rows, costs, GenerationConfig()))
+    budgets = dict(thinking_budget=24, draft_at=8, draft_tokens=20, max_tokens=30, adaptive_spans=adaptive)
+    rows = []
+    for mode in MODES:
+        row = bench_row(SleepyEngine(costs), PROMPTS[0], mode, "0", **budgets)
+        rows.append(row)
+    table = summarise_projection(simulate(rows, costs, GenerationConfig(), spans))
     for line in table:
         assert line["abs_error"] < 0.1, line
 

@@ -66,6 +66,9 @@ def build_parser() -> argparse.ArgumentParser:
     sim = commands.add_parser("simulate", help="replay bench traces under a cost model; projected ratios to ar")
     sim.add_argument("--traces", nargs="+", required=True, help="bench folders or JSONL files")
     sim.add_argument("--cost-model", default="gpu", help="a JSON from ssr calibrate, or the preset 'gpu'")
+    sim.add_argument("--spans", default="policy", choices=("policy", "recorded"),
+                     help="policy: re-decide spans under the cost model (projection); recorded: the run's own "
+                          "spans (checks the cost model against measured seconds)")
     sim.add_argument("--json", action="store_true", help="print the table as JSON")
     sim.add_argument("--markdown", action="store_true", help="print the table as markdown")
 

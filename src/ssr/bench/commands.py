@@ -122,11 +122,11 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     rows = [r for r in load_rows(paths) if r.get("config", {}).get("sampling", {}).get("temperature", 0) == 0]
     if not rows:
         raise ConfigError("no greedy rows to replay (traces replay only under greedy decoding)")
-    projected = simulate(rows, costs, GenerationConfig())
+    projected = simulate(rows, costs, GenerationConfig(), args.spans)
     table = summarise_projection(projected)
     if args.json:
         print(json.dumps({"cost_model": costs.source, "table": table}, indent=1))
     else:
-        print(f"cost model: {costs.source}")
+        print(f"cost model: {costs.source}; spans: {args.spans}")
         print(format_projection(table, markdown=args.markdown))
     return 0

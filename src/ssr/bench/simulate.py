@@ -49,8 +49,14 @@ def _common_prefix(proposed: list[int], target: list[int]) -> int:
     return count
 
 
-def replay(row: dict, costs: Costs, config: GenerationConfig, answer_prefix_ids: list[int]) -> Replay:
-    """Modelled seconds of one bench row under `costs` (its own mode, greedy)."""
+def replay(row: dict, costs: Costs, config: GenerationConfig, answer_prefix_ids: list[int],
+           spans: str = "policy") -> Replay:
+    """Modelled seconds of one bench row under `costs` (its own mode, greedy).
+
+    spans="policy" re-decides every span with the proposer and the span policy under
+    `costs` (a projection); spans="recorded" replays the spans the run verified (its
+    trace), so only the cost model is under test.
+    """
     config = replace(config, mode=row["mode"])
     out = Replay()
     cot_ids, answer_ids = row["cot_ids"], row["answer_ids"]
@@ -87,6 +93,11 @@ def replay(row: dict, costs: Costs, config: GenerationConfig, answer_prefix_ids:
     out.accepted_prefix_tokens = num_accepted if checked else 0
 
     # 3. continue
+    if spans == "recorded":
+        out.seconds["continuation"] = _recorded_continuation(row, costs, cot_steps)
+        out.suffix_accepted_tokens = row["metrics"]["suffix_accepted_tokens"]
+        out.answer_tokens = row["metrics"]["answer_tokens"]
+        return out
     proposer = _proposer(config, row, cot_ids, answer_prefix_ids, draft_ids)
     if proposer is not None:
         proposer.observe(answer_prefix_ids)
@@ -112,6 +123,13 @@ def replay(row: dict, costs: Costs, config: GenerationConfig, answer_prefix_ids:
     out.seconds["continuation"] = continuation_s
     out.answer_tokens = committed.length
     return out
+
+
+def _recorded_continuation(row: dict, costs: Costs, cot_steps: int) -> float:
+    """The run's own spans (one score pass each) plus its plain decode steps."""
+    scored = sum(costs.score(1 + event["proposed"]) for event in row["trace"] if event["kind"] == "span")
+    plain_steps = row["metrics"]["decode_steps"] - cot_steps
+    return scored + plain_steps * costs.step(1)
 
 
 class _Commit:
@@ -165,7 +183,7 @@ def answer_prefix_of(rows: list[dict]) -> list[int]:
     return rows[0]["forced_ids"][1:] if rows else []  # fallback: a one-token end marker
 
 
-def simulate(rows: list[dict], costs: Costs, config: GenerationConfig) -> list[dict]:
+def simulate(rows: list[dict], costs: Costs, config: GenerationConfig, spans: str = "policy") -> list[dict]:
     """Per row: measured and modelled seconds; rows must come from greedy runs."""
     by_suite: dict[str, list[dict]] = defaultdict(list)
     for row in rows:
@@ -175,7 +193,7 @@ def simulate(rows: list[dict], costs: Costs, config: GenerationConfig) -> list[d
         prefix = answer_prefix_of(suite_rows)
         for row in suite_rows:
             row_config = config_from_dict(row["config"]) if isinstance(row.get("config"), dict) else config
-            result = replay(row, costs, row_config, prefix)
+            result = replay(row, costs, row_config, prefix, spans)
             out.append({"suite": row["suite"], "item": row["item"], "repeat": row["repeat"], "mode": row["mode"],
                         "measured_s": row["metrics"]["total_s"], "modelled_s": result.total_s,
                         "modelled_stages": dict(result.seconds),
