@@ -18,6 +18,8 @@ CODE_SYSTEM = (
     "and its edge cases. Never write code, signatures or code tags while thinking. After </think>, write the "
     "complete code in one ```python code block."
 )
+CPP_SYSTEM = CODE_SYSTEM.replace("expert Python programmer", "expert C++ programmer").replace(
+    "```python", "```cpp")
 CODE_PLAN_STEER = "Plan (plain English, no code):\n1."  # steers a prose plan from the first token
 PLAIN_SYSTEM = (
     "You are a helpful assistant. First think step by step inside <think> and </think>, "
@@ -54,11 +56,21 @@ FORMATS = {
         banned_while_thinking=("``",),
         steer=CODE_PLAN_STEER,
     ),
+    "cpp": ThinkingFormat(
+        "cpp",
+        "<think>\n",
+        "</think>",
+        "\n</think>",
+        "\n\n```cpp\n",
+        system=CPP_SYSTEM,
+        banned_while_thinking=("``",),
+        steer=CODE_PLAN_STEER,
+    ),
     "plain": ThinkingFormat(
         "plain", "<think>\n", "</think>", "\n</think>", "\n\n", system=PLAIN_SYSTEM
     ),
 }
-TEMPLATE_CHOICES = ("auto", "code", "plain")
+TEMPLATE_CHOICES = ("auto", "code", "cpp", "plain")
 
 
 def detect_format(chat_template: str | None, template: str = "auto") -> ThinkingFormat:

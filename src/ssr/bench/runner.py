@@ -10,7 +10,9 @@ from ..config import GenerationConfig
 from ..lossless import first_divergence
 from .suites import Item
 
-TEMPLATES = {"humaneval": "code", "classeval": "code"}  # LongProc prompts ask for other formats
+# code tasks get a prose-plan template with the answer opened as a code block; the
+# other LongProc tasks ask for free-form procedures
+TEMPLATES = {"humaneval": "code", "classeval": "code", "longproc:pseudo_to_code": "cpp"}
 
 
 def template_for(suite: str) -> str:

@@ -225,7 +225,7 @@ def summarise_projection(projected: list[dict]) -> list[dict]:
 
 
 def format_projection(table: list[dict], markdown: bool = False) -> str:
-    columns = ["suite", "mode", "runs", "measured s", "modelled s", "median |error|", "measured ratio",
+    columns = ["suite", "mode", "runs", "measured s", "modelled s", "median abs error", "measured ratio",
                "modelled ratio"]
     lines = [[t["suite"], t["mode"], str(t["runs"]), f"{t['measured_s']:.2f}", f"{t['modelled_s']:.2f}",
               f"{100 * t['abs_error']:.1f}%",
