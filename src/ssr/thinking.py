@@ -8,7 +8,7 @@ format, so the comparison stays like for like.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .config import ConfigError
 
@@ -56,20 +56,11 @@ FORMATS = {
         banned_while_thinking=("``",),
         steer=CODE_PLAN_STEER,
     ),
-    "cpp": ThinkingFormat(
-        "cpp",
-        "<think>\n",
-        "</think>",
-        "\n</think>",
-        "\n\n```cpp\n",
-        system=CPP_SYSTEM,
-        banned_while_thinking=("``",),
-        steer=CODE_PLAN_STEER,
-    ),
     "plain": ThinkingFormat(
         "plain", "<think>\n", "</think>", "\n</think>", "\n\n", system=PLAIN_SYSTEM
     ),
 }
+FORMATS["cpp"] = replace(FORMATS["code"], name="cpp", answer_prefix="\n\n```cpp\n", system=CPP_SYSTEM)
 TEMPLATE_CHOICES = ("auto", "code", "cpp", "plain")
 
 
@@ -92,11 +83,7 @@ def detect_format(chat_template: str | None, template: str = "auto") -> Thinking
 
 
 def build_messages(prompt: str, fmt: ThinkingFormat) -> list[dict[str, str]]:
-    messages = []
-    if fmt.system:
-        messages.append({"role": "system", "content": fmt.system})
-    messages.append({"role": "user", "content": prompt})
-    return messages
+    return with_system([{"role": "user", "content": prompt}], fmt)
 
 
 def with_system(messages: list[dict[str, str]], fmt: ThinkingFormat) -> list[dict[str, str]]:

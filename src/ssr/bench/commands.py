@@ -69,14 +69,20 @@ def cmd_bench(args: argparse.Namespace, config: GenerationConfig, model_loader) 
     return 0
 
 
-def cmd_report(args: argparse.Namespace) -> int:
-    paths = [Path(p) for p in args.results]
+def _rows_at(paths: list[Path]) -> list[dict]:
+    """Bench rows from folders (runs.jsonl) or JSONL files; a clear error when there are none."""
     missing = [str(p) for p in paths if not (p / "runs.jsonl" if p.is_dir() else p).is_file()]
     if missing:
         raise ConfigError(f"no bench rows at {', '.join(missing)} (give folders with runs.jsonl or JSONL files)")
     rows = load_rows(paths)
     if not rows:
         raise ConfigError("the bench files hold no rows")
+    return rows
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    paths = [Path(p) for p in args.results]
+    rows = _rows_at(paths)
     out_dir = Path(args.out) if args.out else (paths[0] if paths[0].is_dir() else paths[0].parent)
     data_dir = Path(args.data_dir) if args.data_dir else None
     report = build_report(rows, out_dir, data_dir, args.note or "")
@@ -115,11 +121,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     from .simulate import format_projection, simulate, summarise_projection
 
     costs = load_costs(args.cost_model)
-    paths = [Path(p) for p in args.traces]
-    missing = [str(p) for p in paths if not (p / "runs.jsonl" if p.is_dir() else p).is_file()]
-    if missing:
-        raise ConfigError(f"no bench rows at {', '.join(missing)}")
-    rows = [r for r in load_rows(paths) if r.get("config", {}).get("sampling", {}).get("temperature", 0) == 0]
+    rows = [r for r in _rows_at([Path(p) for p in args.traces]) if r.get("config", {}).get("sampling", {}).get("temperature", 0) == 0]
     if not rows:
         raise ConfigError("no greedy rows to replay (traces replay only under greedy decoding)")
     projected = simulate(rows, costs, GenerationConfig(), args.spans)

@@ -124,10 +124,11 @@ def calibrate(engine, repeats: int = 5, context_tokens: int = 1024, progress=Non
         tick()
     score_s = {}
     for size in SCORE_SIZES:
+        probe = (filler * (size // len(filler) + 1))[:size]
         times = []
         for _ in range(max(2, repeats // (1 + size // 64))):
             start = time.perf_counter()
-            engine.score(parent, filler[:size] if size <= len(filler) else (filler * (size // len(filler) + 1))[:size])
+            engine.score(parent, probe)
             times.append(time.perf_counter() - start)
             engine.truncate(parent, context_tokens)
         score_s[size] = statistics.median(times)

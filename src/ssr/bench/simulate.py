@@ -99,30 +99,37 @@ def replay(row: dict, costs: Costs, config: GenerationConfig, answer_prefix_ids:
         out.answer_tokens = row["metrics"]["answer_tokens"]
         return out
     proposer = _proposer(config, row, cot_ids, answer_prefix_ids, draft_ids)
+    out.seconds["continuation"], out.suffix_accepted_tokens, out.answer_tokens = _policy_continuation(
+        proposer, costs, config, target, answer_prefix_ids, num_accepted)
+    return out
+
+
+def _policy_continuation(proposer, costs: Costs, config: GenerationConfig, target: list[int],
+                         answer_prefix_ids: list[int], num_accepted: int) -> tuple[float, int, int]:
+    """Stage 3 as `Generation._continue` runs it, spans cut by the policy under `costs`:
+    (seconds, suffix-accepted tokens, answer tokens)."""
     if proposer is not None:
         proposer.observe(answer_prefix_ids)
     cost_model = CostModel(step_s=costs.step(1), token_s=(costs.score(32) - costs.step(1)) / 31)
     stats = AcceptanceStats()
     committed = _Commit(target, config.max_tokens, proposer)
-    committed.add(target[: num_accepted + 1])
-    continuation_s = 0.0
+    committed.add(target[: num_accepted + 1])  # the draft's accepted prefix and the next token
+    seconds, suffix_accepted = 0.0, 0
     while not committed.stopped:
         position = committed.length
         span, probs = proposer.propose(config.max_tokens - position) if proposer else ([], None)
         if span and config.adaptive_spans:
             span = span[: best_span_length(probs if probs is not None else stats.probs(len(span)), cost_model)]
         if not span:
-            continuation_s += costs.step(1)
+            seconds += costs.step(1)
             committed.add(target[position : position + 1])
             continue
-        continuation_s += costs.score(1 + len(span))
+        seconds += costs.score(1 + len(span))
         accepted = _common_prefix(span, target[position:])
         stats.observe(len(span), accepted)
-        out.suffix_accepted_tokens += accepted
+        suffix_accepted += accepted
         committed.add(target[position : position + accepted + 1])
-    out.seconds["continuation"] = continuation_s
-    out.answer_tokens = committed.length
-    return out
+    return seconds, suffix_accepted, committed.length
 
 
 def _recorded_continuation(row: dict, costs: Costs, cot_steps: int) -> float:

@@ -43,6 +43,12 @@ class ParsedRequest:
     created: int = field(default_factory=lambda: int(time.time()))
 
 
+def field_message(error: ConfigError) -> str:
+    """A ConfigError's message (written for the CLI) with flags named as body fields:
+    `--draft-at` -> `draft_at`."""
+    return re.sub(r"--([a-z-]+)", lambda m: m[1].replace("-", "_"), str(error))
+
+
 def parse_body(raw: bytes) -> dict:
     try:
         body = json.loads(raw or b"")
@@ -147,8 +153,7 @@ def parse_request(body: dict, kind: str, served: set[str], defaults: GenerationC
             verify_chunk=options.get("verify_chunk", defaults.verify_chunk),
         )
     except ConfigError as error:  # the CLI's messages name flags; here they name fields
-        message = re.sub(r"--([a-z-]+)", lambda m: m[1].replace("-", "_"), str(error))
-        raise ApiError(400, message) from error
+        raise ApiError(400, field_message(error)) from error
     if options.get("mode") is not None and options["mode"] not in MODES:
         raise ApiError(400, f"ssr.mode must be one of {', '.join(MODES)}", param="ssr.mode")
     return ParsedRequest(

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from ..config import ConfigError
 from ..engines.base import EngineError
-from .protocol import ApiError, ParsedRequest
+from .protocol import ApiError, ParsedRequest, field_message
 
 
 @dataclass
@@ -124,7 +124,7 @@ class Scheduler:
             generation = self.model.start(request.prompt, request.config, request.template)
         except ConfigError as error:  # e.g. prompt + budgets longer than the context
             self.stats.add(invalid=1)
-            job.emit("error", ApiError(400, str(error).replace("--", "")))
+            job.emit("error", ApiError(400, field_message(error)))
             return
         job.emit("started", {"prompt_tokens": len(generation.prompt_ids)})
         finish, stops = None, _StopFilter(request.stop)
