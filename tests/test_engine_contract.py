@@ -3,7 +3,8 @@
 Beyond shapes and bookkeeping, the suite demands batch invariance: a sequence's
 logits are bit-identical whether it steps alone, steps batched with a forked
 child, or has k tokens scored in one pass, also past 512 cached tokens. Greedy
-SSR is token-identical to plain decoding because of this.
+SSR is token-identical to plain decoding because of this. The transformers
+engine runs the same suite on the same GGUF weights (dequantized to float32).
 """
 import numpy as np
 import pytest
@@ -16,6 +17,8 @@ ENGINES = [
     pytest.param(("fake", {}), id="fake"),
     pytest.param(("llama.cpp", {"model": "smollm2-135m"}), id="llama.cpp-smollm2"),
     pytest.param(("llama.cpp", {"model": "qwen2.5-coder-0.5b"}), id="llama.cpp-qwen", marks=pytest.mark.slow),
+    pytest.param(("transformers", {"model": "smollm2-135m"}), id="transformers-smollm2"),
+    pytest.param(("transformers", {"model": "qwen2.5-coder-0.5b"}), id="transformers-qwen", marks=pytest.mark.slow),
 ]
 
 
@@ -24,6 +27,8 @@ def engine(request):
     kind, options = request.param
     if kind == "fake":
         return load_engine("", "fake")
+    if kind == "transformers":
+        pytest.importorskip("transformers", reason="the transformers engine needs  pip install 'ssr[torch]'")
     return load_engine(options["model"], kind, context_size=2048)
 
 

@@ -56,6 +56,23 @@ def test_smollm_other_modes_identity(smollm, mode):
     assert divergence is None or divergence.logit_gap <= NEAR_TIE, divergence.describe()
 
 
+@pytest.fixture(scope="module")
+def smollm_transformers():
+    pytest.importorskip("transformers", reason="the transformers engine needs  pip install 'ssr[torch]'")
+    return SSR("smollm2-135m", engine="transformers", context_size=4096)
+
+
+@pytest.mark.parametrize("index", range(6))
+def test_smollm_transformers_greedy_identity(smollm_transformers, index):
+    """The same check on the transformers engine (float32, GGUF weights dequantized)."""
+    report = []
+    _, ssr = check_identity(smollm_transformers, SMOL_PROMPTS[index * 3], report, thinking_budget=96,
+                            draft_at=32, draft_tokens=64, max_tokens=96)
+    m = ssr.metrics
+    print(f"[{index}] accepted prefix {m.accepted_prefix_tokens}, suffix {m.suffix_accepted_tokens}"
+          f"/{m.suffix_proposed_tokens}; {report or 'identical'}")
+
+
 QWEN_PROMPTS = classeval_prompts(3, start=10) or humaneval_prompts(3)
 
 

@@ -4,7 +4,7 @@ import hashlib
 import pytest
 
 from ssr.config import ConfigError
-from ssr.models import ModelSpec, _assemble, _materialise, resolve_model
+from ssr.models import ModelSpec, _assemble, _materialise, resolve_model, resolve_source
 
 
 def spec_for(parts, sha256=None):
@@ -45,3 +45,15 @@ def test_unknown_model_and_bad_files(tmp_path):
 def test_default_model_resolves_offline():
     path = resolve_model("smollm2-135m")
     assert path.name == "SmolLM2-135M-Instruct.Q4_1.gguf" and path.stat().st_size == 98362432
+
+
+def test_transformers_sources(tmp_path):
+    assert resolve_source("smollm2-135m") == str(resolve_model("smollm2-135m"))
+    assert resolve_source("HuggingFaceTB/SmolLM2-135M-Instruct") == "HuggingFaceTB/SmolLM2-135M-Instruct"
+    (tmp_path / "config.json").write_text("{}")
+    assert resolve_source(str(tmp_path)) == str(tmp_path)
+    with pytest.raises(ConfigError, match="has no config.json"):
+        resolve_source(str(tmp_path.parent))
+    with pytest.raises(ConfigError, match="a model folder or a hub id"):
+        resolve_source("not a model")
+

@@ -34,6 +34,15 @@ def test_paired_ratios_and_median():
     assert table[("a", "ssr")]["mean_accepted_prefix"] == 7
 
 
+def test_engines_get_their_own_tables_and_pair_within_the_engine():
+    rows = [row("a", "0", "ar", 10.0), row("a", "0", "ssr", 8.0),
+            {**row("a", "0", "ar", 20.0), "engine": "transformers"},
+            {**row("a", "0", "ssr", 19.0), "engine": "transformers"}]
+    table = {(t["suite"], t["mode"]): t for t in summarise(rows)}
+    assert table[("a", "ssr")]["ratio_to_ar"] == pytest.approx(0.8)
+    assert table[("a [transformers]", "ssr")]["ratio_to_ar"] == pytest.approx(0.95)
+
+
 def test_ratio_averages_repeats_before_the_median():
     rows = [row("a", "0", "ar", 10.0, repeat=0), row("a", "0", "ssr", 8.0, repeat=0),
             row("a", "0", "ar", 10.0, repeat=1), row("a", "0", "ssr", 12.0, repeat=1)]

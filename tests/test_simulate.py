@@ -8,7 +8,7 @@ from dataclasses import asdict
 import pytest
 
 from ssr.bench.costs import Costs, gpu_preset, load_costs
-from ssr.bench.simulate import config_from_dict, replay, simulate, summarise_projection
+from ssr.bench.simulate import anchor_to_ar, config_from_dict, replay, simulate, summarise_projection
 from ssr.config import ConfigError, GenerationConfig
 from ssr.decode import Generation
 from ssr.engines.fake import FakeEngine
@@ -107,6 +107,31 @@ def test_ar_replay_is_prefill_plus_steps():
 def test_cost_interpolation(x, expected):
     costs = Costs(step_s={1: 1.0, 2: 2.0}, score_s={8: 3.0, 32: 9.0}, prefill_token_s=0.5)
     assert costs.score(x) == pytest.approx(expected if x > 1 else 1.0)
+
+
+def test_costs_grow_linearly_with_the_cached_length(tmp_path):
+    costs = Costs(step_s={1: 1.0, 2: 1.5}, score_s={8: 3.0}, prefill_token_s=0.5, context_tokens=100,
+                  step_context_s=0.01, score_context_s=0.001, prefill_context_s=0.002)
+    assert costs.step(1) == costs.step(1, 100) == 1.0
+    assert costs.step(2, 300) == pytest.approx(1.5 + 2 * 0.01 * 200)
+    assert costs.score(8, 50) == pytest.approx(3.0 - 8 * 0.001 * 50)
+    # per-token prefill cost a + b*p: the mean over 100 tokens is 0.5, over 300 tokens 0.5 + b*100
+    assert costs.prefill(300) == pytest.approx(300 * (0.5 + 0.002 * 100))
+    path = tmp_path / "costs.json"
+    path.write_text(costs.to_json())
+    assert load_costs(str(path)) == costs
+
+
+def test_anchor_to_ar_scales_each_item_by_its_ar_run():
+    def projected(item, mode, measured, modelled):
+        return {"suite": "s", "item": item, "repeat": 0, "mode": mode, "measured_s": measured,
+                "modelled_s": modelled, "modelled_stages": {"cot": modelled}}
+    rows = [projected("0", "ar", 12.0, 10.0), projected("0", "ssr", 9.0, 8.0),
+            projected("1", "ar", 5.0, 10.0), projected("1", "ssr", 4.0, 9.0)]
+    anchored = {(p["item"], p["mode"]): p for p in anchor_to_ar(rows)}
+    assert anchored[("0", "ar")]["modelled_s"] == pytest.approx(12.0)
+    assert anchored[("0", "ssr")]["modelled_s"] == pytest.approx(9.6)
+    assert anchored[("1", "ssr")]["modelled_stages"]["cot"] == pytest.approx(4.5)
 
 
 def test_load_costs_errors(tmp_path):

@@ -12,7 +12,10 @@ import sys
 
 from .config import MODES, VERIFY_MODES, ConfigError, GenerationConfig, SamplingParams
 from .models import DEFAULT_MODEL, REGISTRY
+from .engines import ENGINES
 from .thinking import TEMPLATE_CHOICES
+
+ENGINE_INSTALL = {"llama.cpp": "pip install llama-cpp-python==0.3.36", "transformers": "pip install 'ssr[torch]'"}
 
 DIM, RESET = "\x1b[2m", "\x1b[0m"
 
@@ -47,7 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--out", default="results/bench", help="results folder; runs.jsonl there is rewritten")
     bench.add_argument("--data-dir", default=None, help="datasets folder (default ../shared/datasets)")
     bench.add_argument("--no-quality", action="store_true", help="skip task scoring and report.md")
-    add_model_arguments(bench)
+    add_model_arguments(bench, several_engines=True)
     add_generation_arguments(bench, with_mode=False)
 
     report = commands.add_parser("report", help="rebuild report.md, plots and quality from bench rows")
@@ -69,6 +72,9 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--spans", default="policy", choices=("policy", "recorded"),
                      help="policy: re-decide spans under the cost model (projection); recorded: the run's own "
                           "spans (checks the cost model against measured seconds)")
+    sim.add_argument("--anchor-ar", action="store_true",
+                     help="scale each item's modelled seconds so its ar run matches the measured one (removes "
+                          "machine-speed drift between calibration and bench; checks the modes' differences)")
     sim.add_argument("--json", action="store_true", help="print the table as JSON")
     sim.add_argument("--markdown", action="store_true", help="print the table as markdown")
 
@@ -85,11 +91,23 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def add_model_arguments(parser: argparse.ArgumentParser) -> None:
+def add_model_arguments(parser: argparse.ArgumentParser, several_engines: bool = False) -> None:
     parser.add_argument("--model", default=DEFAULT_MODEL,
-                        help=f"registry name ({', '.join(REGISTRY)}) or a .gguf path (default {DEFAULT_MODEL})")
+                        help=f"registry name ({', '.join(REGISTRY)}) or a .gguf path; with --engine transformers "
+                             f"also a model folder or hub id (default {DEFAULT_MODEL})")
+    if several_engines:  # bench: the same items and modes on each engine, side by side
+        parser.add_argument("--engine", default="llama.cpp",
+                            help=f"comma-separated engines from {', '.join(ENGINES)} (default llama.cpp)")
+    else:
+        parser.add_argument("--engine", default="llama.cpp", choices=ENGINES,
+                            help="inference engine (default llama.cpp; transformers needs  pip install 'ssr[torch]')")
+    parser.add_argument("--device", default=None,
+                        help="transformers engine: cpu, cuda, cuda:1 … (default: cuda when available)")
+    parser.add_argument("--dtype", default=None, choices=("float32", "bfloat16", "float16"),
+                        help="transformers engine weights (default float32 on CPU, bfloat16 on CUDA)")
     parser.add_argument("--template", default="auto", choices=TEMPLATE_CHOICES,
-                        help="thinking format: auto (model's own markers, else code), code or plain")
+                        help="thinking format: auto (model's own markers, else code), code, cpp, trace (answers in "
+                             "a line format shown by examples) or plain")
     parser.add_argument("--context-size", type=int, default=8192, help="KV cache tokens (default 8192)")
     parser.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
 
@@ -133,7 +151,15 @@ def load_model(args: argparse.Namespace):
         raise ConfigError(f"--context-size must be >= 64, got {args.context_size}")
     if args.threads is not None and args.threads < 1:
         raise ConfigError(f"--threads must be >= 1, got {args.threads}")
-    return SSR(args.model, template=args.template, context_size=args.context_size, threads=args.threads)
+    options = {"context_size": args.context_size, "threads": args.threads}
+    if args.engine == "transformers":
+        options.update(device=args.device, dtype=args.dtype)
+    elif args.device or args.dtype:
+        raise ConfigError("--device and --dtype are options of --engine transformers")
+    try:
+        return SSR(args.model, engine=args.engine, template=args.template, **options)
+    except ImportError as error:
+        raise ConfigError(f"--engine {args.engine} is not installed ({error}): {ENGINE_INSTALL[args.engine]}") from error
 
 
 def read_prompt(args: argparse.Namespace) -> str:

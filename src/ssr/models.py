@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -67,6 +68,23 @@ def resolve_model(name_or_path: str) -> Path:
         return path
     known = ", ".join(REGISTRY)
     raise ConfigError(f"unknown model {name_or_path!r}: use one of {known}, or a path to a .gguf file")
+
+
+def resolve_source(name_or_path: str) -> str:
+    """For the transformers engine: a registry name or .gguf path (-> GGUF file), a model
+    folder (config.json), or a hub id `org/name` (downloaded when a hub is reachable)."""
+    path = Path(name_or_path).expanduser()
+    if name_or_path in REGISTRY or path.is_file():
+        return str(resolve_model(name_or_path))
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ConfigError(f"model folder {path} has no config.json")
+        return str(path)
+    if re.fullmatch(r"[\w.-]+/[\w.-]+", name_or_path) and not path.exists():
+        return name_or_path
+    known = ", ".join(REGISTRY)
+    raise ConfigError(f"unknown model {name_or_path!r}: use one of {known}, a .gguf file, a model folder "
+                      "or a hub id org/name")
 
 
 def _package_file(package: str, relative: str, spec: ModelSpec) -> Path:

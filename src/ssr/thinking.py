@@ -21,6 +21,12 @@ CODE_SYSTEM = (
 CPP_SYSTEM = CODE_SYSTEM.replace("expert Python programmer", "expert C++ programmer").replace(
     "```python", "```cpp")
 CODE_PLAN_STEER = "Plan (plain English, no code):\n1."  # steers a prose plan from the first token
+TRACE_SYSTEM = (
+    "You are a careful assistant. Before answering, think inside <think> and </think>. Thinking is short notes "
+    "in plain English only: the facts that matter and how they change. Never write the answer's formatted lines "
+    "or braces while thinking. After </think>, write the complete answer exactly in the format of the examples."
+)
+TRACE_PLAN_STEER = "Notes (plain English, no formatted lines):\n1."
 PLAIN_SYSTEM = (
     "You are a helpful assistant. First think step by step inside <think> and </think>, "
     "then give your final answer after </think>."
@@ -61,7 +67,11 @@ FORMATS = {
     ),
 }
 FORMATS["cpp"] = replace(FORMATS["code"], name="cpp", answer_prefix="\n\n```cpp\n", system=CPP_SYSTEM)
-TEMPLATE_CHOICES = ("auto", "code", "cpp", "plain")
+# answers in a line format shown by examples (LongProc tom_tracking): prose notes in the
+# CoT, the format's braces banned there, the formatted trace after the end marker
+FORMATS["trace"] = replace(FORMATS["code"], name="trace", answer_prefix="\n\n", system=TRACE_SYSTEM,
+                           banned_while_thinking=("{", "}"), steer=TRACE_PLAN_STEER)
+TEMPLATE_CHOICES = ("auto", "code", "cpp", "trace", "plain")
 
 
 def detect_format(chat_template: str | None, template: str = "auto") -> ThinkingFormat:

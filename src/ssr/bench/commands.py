@@ -9,6 +9,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from ..config import MODES, ConfigError, GenerationConfig
+from ..engines import ENGINES
 from .report import attach_quality, format_table, load_rows, summarise, write_report
 
 
@@ -50,17 +51,20 @@ def cmd_bench(args: argparse.Namespace, config: GenerationConfig, model_loader) 
         replace(config, mode=mode)  # validates each mode's budgets
     data_dir = Path(args.data_dir) if args.data_dir else None
     items = [item for suite in (args.suites or ["classeval"]) for item in load_suite(suite, data_dir, args.limit)]
-    model = model_loader(args)
+    engines = list(dict.fromkeys(e.strip() for e in args.engine.split(",") if e.strip()))
+    if not engines or any(e not in ENGINES for e in engines):
+        raise ConfigError(f"--engine: give engines from {', '.join(ENGINES)}, comma-separated; got {args.engine!r}")
+    models = {engine: model_loader(argparse.Namespace(**{**vars(args), "engine": engine})) for engine in engines}
     out_dir = Path(args.out)
     out = out_dir / "runs.jsonl"
     rows: list[dict] = []
     try:
-        rows = run_bench(model, items, modes, config, args.repeats, out)
+        rows = run_bench(models, items, modes, config, args.repeats, out)
     finally:
         if not rows and out.exists():  # interrupted: report what was written
             rows = load_rows([out])
         if rows:
-            note = (f"Model `{args.model}`; {len({(r['suite'], r['item']) for r in rows})} items; "
+            note = (f"Model `{args.model}` on {', '.join(engines)}; {len({(r['suite'], r['item']) for r in rows})} items; "
                     f"config: b_v={config.thinking_budget}, b_d={config.draft_at}, m={config.draft_tokens}, "
                     f"max answer tokens={config.max_tokens}, temperature={config.sampling.temperature}.")
             report = build_report(rows, out_dir, data_dir, note) if not args.no_quality else None
@@ -98,15 +102,15 @@ def cmd_calibrate(args: argparse.Namespace, model_loader) -> int:
 
     if args.repeats < 1:
         raise ConfigError(f"--repeats must be >= 1, got {args.repeats}")
-    if not 8 <= args.context_tokens <= args.context_size - 600:
-        raise ConfigError(f"--context-tokens must be in 8..{args.context_size - 600} (--context-size minus "
-                          f"room for the probes), got {args.context_tokens}")
+    if not 8 <= args.context_tokens <= (args.context_size - 600) // 2:
+        raise ConfigError(f"--context-tokens must be in 8..{(args.context_size - 600) // 2} (half of --context-size "
+                          f"less room for the probes: it is probed at twice the length too), got {args.context_tokens}")
     model = model_loader(args)
-    with tqdm(total=max(1, args.repeats // 2) + len(STEP_SIZES) + len(SCORE_SIZES), unit="probe",
+    with tqdm(total=2 * max(1, args.repeats // 2) + len(STEP_SIZES) + len(SCORE_SIZES) + 2, unit="probe",
               disable=not sys.stderr.isatty()) as bar:
         costs = calibrate(model.engine, repeats=args.repeats, context_tokens=args.context_tokens,
                           progress=lambda: bar.update(1))
-    costs = replace(costs, meta={**costs.meta, "model": args.model, "threads": args.threads})
+    costs = replace(costs, meta={**costs.meta, "engine": args.engine, "model": args.model, "threads": args.threads})
     text = costs.to_json()
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
@@ -118,17 +122,19 @@ def cmd_calibrate(args: argparse.Namespace, model_loader) -> int:
 
 def cmd_simulate(args: argparse.Namespace) -> int:
     from .costs import load_costs
-    from .simulate import format_projection, simulate, summarise_projection
+    from .simulate import anchor_to_ar, format_projection, simulate, summarise_projection
 
     costs = load_costs(args.cost_model)
     rows = [r for r in _rows_at([Path(p) for p in args.traces]) if r.get("config", {}).get("sampling", {}).get("temperature", 0) == 0]
     if not rows:
         raise ConfigError("no greedy rows to replay (traces replay only under greedy decoding)")
     projected = simulate(rows, costs, GenerationConfig(), args.spans)
+    if args.anchor_ar:
+        projected = anchor_to_ar(projected)
     table = summarise_projection(projected)
     if args.json:
         print(json.dumps({"cost_model": costs.source, "table": table}, indent=1))
     else:
-        print(f"cost model: {costs.source}; spans: {args.spans}")
+        print(f"cost model: {costs.source}; spans: {args.spans}" + ("; anchored to each item's ar" if args.anchor_ar else ""))
         print(format_projection(table, markdown=args.markdown))
     return 0

@@ -4,8 +4,17 @@
     score_s[k]     feeding k tokens to one sequence in one pass (verify, fork, close)
     prefill_token_s  prompt prefill, per token
 
+all measured with `context_tokens` tokens cached. Attention makes every fed token
+dearer the more tokens are cached, linearly; calibrate measures that at a second
+context and keeps the slopes:
+
+    step(n, c)  = step_s[n]  + n * step_context_s  * (c - context_tokens)
+    score(k, c) = score_s[k] + k * score_context_s * (c - context_tokens)
+    prefill(n)  = n * (prefill_token_s + prefill_context_s * (n - context_tokens) / 2)
+
 Between measured points, costs are interpolated linearly (score: from step_s[1] at
-k = 1; beyond the last point: extrapolated along the last segment).
+k = 1; beyond the last point: extrapolated along the last segment). Cost models
+without slopes (older files, the GPU preset) ignore the context.
 """
 from __future__ import annotations
 
@@ -28,15 +37,22 @@ class Costs:
     prefill_token_s: float  # seconds per prompt token
     source: str = ""  # where the numbers come from
     meta: dict = field(default_factory=dict)  # engine, model, threads, date
+    context_tokens: int = 0  # tokens cached when step_s / score_s were measured
+    step_context_s: float = 0.0  # per sequence in a step, per cached token beyond context_tokens
+    score_context_s: float = 0.0  # per scored token, per cached token beyond context_tokens
+    prefill_context_s: float = 0.0  # per prompt token, per token before it (see the module docstring)
 
-    def step(self, num_sequences: int) -> float:
-        return _interpolate(self.step_s, num_sequences)
+    def step(self, num_sequences: int, context: int | None = None) -> float:
+        extra = 0 if context is None else num_sequences * self.step_context_s * (context - self.context_tokens)
+        return max(0.0, _interpolate(self.step_s, num_sequences) + extra)
 
-    def score(self, num_tokens: int) -> float:
-        return _interpolate({1: self.step_s[1], **self.score_s}, num_tokens)
+    def score(self, num_tokens: int, context: int | None = None) -> float:
+        extra = 0 if context is None else num_tokens * self.score_context_s * (context - self.context_tokens)
+        return max(0.0, _interpolate({1: self.step_s[1], **self.score_s}, num_tokens) + extra)
 
     def prefill(self, num_tokens: int) -> float:
-        return self.prefill_token_s * num_tokens
+        per_token = self.prefill_token_s + self.prefill_context_s * (num_tokens - self.context_tokens) / 2
+        return num_tokens * max(0.0, per_token)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2)
@@ -44,10 +60,14 @@ class Costs:
     @classmethod
     def from_dict(cls, data: dict) -> Costs:
         try:
+            slopes = {name: float(data.get(name, 0.0))
+                      for name in ("step_context_s", "score_context_s", "prefill_context_s")}
             return cls(step_s={int(k): float(v) for k, v in data["step_s"].items()},
                        score_s={int(k): float(v) for k, v in data["score_s"].items()},
                        prefill_token_s=float(data["prefill_token_s"]),
-                       source=data.get("source", ""), meta=data.get("meta", {}))
+                       source=data.get("source", ""), meta=data.get("meta", {}),
+                       context_tokens=int(data.get("context_tokens", data.get("meta", {}).get("context_tokens", 0))),
+                       **slopes)
         except (KeyError, TypeError, ValueError, AttributeError) as error:
             raise ConfigError(f"not a cost model (need step_s, score_s, prefill_token_s): {error}") from error
 
@@ -96,8 +116,26 @@ def load_costs(spec: str) -> Costs:
 
 def calibrate(engine, repeats: int = 5, context_tokens: int = 1024, progress=None) -> Costs:
     """Median wall seconds of step (1, 2, 4 sequences), score (8..512 tokens) and prefill,
-    measured on this engine at a context of `context_tokens` tokens."""
+    measured on this engine at a context of `context_tokens` tokens; step(1), score(128)
+    and prefill again at twice that context give the context slopes."""
     tick = progress or (lambda: None)
+    prefill_s, step_s, score_s = _probe(engine, context_tokens, repeats, STEP_SIZES, SCORE_SIZES, tick)
+    if 2 not in step_s:  # an engine limited to one sequence: batching is not possible
+        step_s[2] = 2 * step_s[1]
+    longer = 2 * context_tokens
+    prefill_long, step_long, score_long = _probe(engine, longer, repeats, (1,), (128,), tick)
+    grown = longer - context_tokens
+    return Costs(step_s=step_s, score_s=score_s, prefill_token_s=prefill_s,
+                 source="measured by ssr calibrate",
+                 meta={"date": time.strftime("%Y-%m-%d %H:%M"), "context_tokens": context_tokens},
+                 context_tokens=context_tokens,
+                 step_context_s=max(0.0, (step_long[1] - step_s[1]) / grown),
+                 score_context_s=max(0.0, (score_long[128] - score_s[128]) / (128 * grown)),
+                 prefill_context_s=max(0.0, 2 * (prefill_long - prefill_s) / grown))
+
+
+def _probe(engine, context_tokens: int, repeats: int, step_sizes, score_sizes, tick):
+    """(prefill seconds per token, {sequences: step s}, {tokens: score s}) at this context."""
     filler = list(range(1000, 1000 + context_tokens))  # ordinary tokens; the content does not matter
     parent = engine.prefill(filler)
     prefill_s = []
@@ -107,7 +145,7 @@ def calibrate(engine, repeats: int = 5, context_tokens: int = 1024, progress=Non
         prefill_s.append((time.perf_counter() - start) / len(filler))
         tick()
     step_s = {}
-    for size in STEP_SIZES:
+    for size in step_sizes:
         if size > engine.max_sequences:
             continue
         seqs = [parent] + [engine.fork(parent) for _ in range(size - 1)]
@@ -123,7 +161,7 @@ def calibrate(engine, repeats: int = 5, context_tokens: int = 1024, progress=Non
             engine.release(seq)
         tick()
     score_s = {}
-    for size in SCORE_SIZES:
+    for size in score_sizes:
         probe = (filler * (size // len(filler) + 1))[:size]
         times = []
         for _ in range(max(2, repeats // (1 + size // 64))):
@@ -134,8 +172,4 @@ def calibrate(engine, repeats: int = 5, context_tokens: int = 1024, progress=Non
         score_s[size] = statistics.median(times)
         tick()
     engine.release(parent)
-    if 2 not in step_s:  # an engine limited to one sequence: batching is not possible
-        step_s[2] = 2 * step_s[1]
-    return Costs(step_s=step_s, score_s=score_s, prefill_token_s=statistics.median(prefill_s),
-                 source="measured by ssr calibrate",
-                 meta={"date": time.strftime("%Y-%m-%d %H:%M"), "context_tokens": context_tokens})
+    return statistics.median(prefill_s), step_s, score_s

@@ -58,14 +58,20 @@ def bootstrap_median(values: list[float], resamples: int = 2000, seed: int = 0) 
     return float(np.percentile(medians, 2.5)), float(np.percentile(medians, 97.5))
 
 
+def group_name(row: dict) -> str:
+    """The table a row belongs to: its suite, with the engine named when not llama.cpp."""
+    engine = row.get("engine", "llama.cpp")
+    return row["suite"] if engine == "llama.cpp" else f"{row['suite']} [{engine}]"
+
+
 def item_ratios(rows: list[dict], key: str = "total_s") -> dict[tuple[str, str], dict[str, float]]:
     """(suite, mode) -> {item: mean over repeats of metrics[key] / ar's metrics[key]}."""
-    ar = {(r["suite"], r["item"], r["repeat"]): r["metrics"][key] for r in rows if r["mode"] == "ar"}
+    ar = {(group_name(r), r["item"], r["repeat"]): r["metrics"][key] for r in rows if r["mode"] == "ar"}
     collected: dict[tuple[str, str], dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     for row in rows:
-        base = ar.get((row["suite"], row["item"], row["repeat"]))
+        base = ar.get((group_name(row), row["item"], row["repeat"]))
         if base:
-            collected[(row["suite"], row["mode"])][row["item"]].append(row["metrics"][key] / base)
+            collected[(group_name(row), row["mode"])][row["item"]].append(row["metrics"][key] / base)
     return {group: {item: statistics.mean(v) for item, v in items.items()} for group, items in collected.items()}
 
 
@@ -75,7 +81,7 @@ def summarise(rows: list[dict]) -> list[dict]:
     ratios = item_ratios(rows)
     groups: dict[tuple[str, str], list[dict]] = defaultdict(list)
     for row in rows:
-        groups[(row["suite"], row["mode"])].append(row)
+        groups[(group_name(row), row["mode"])].append(row)
     table = []
     for (suite, mode), group in groups.items():
         metrics = [r["metrics"] for r in group]
@@ -146,7 +152,7 @@ def write_report(rows: list[dict], out_dir: Path, config_note: str = "", extra: 
     for suite in sorted({t["suite"] for t in table}):
         parts += [f"## {suite}", "", format_table([t for t in table if t["suite"] == suite], markdown=True), ""]
         notes = sorted({f"{r['item']}: {r['quality']['note']}" for r in rows
-                        if r["suite"] == suite and r.get("quality") and r["quality"].get("note")})
+                        if group_name(r) == suite and r.get("quality") and r["quality"].get("note")})
         if notes:
             parts += ["Environment-dependent items (scored, marked): " + "; ".join(notes), ""]
     plots = _plots(table, out_dir)

@@ -12,7 +12,8 @@ from .suites import Item
 
 # code tasks get a prose-plan template with the answer opened as a code block; the
 # other LongProc tasks ask for free-form procedures
-TEMPLATES = {"humaneval": "code", "classeval": "code", "longproc:pseudo_to_code": "cpp"}
+TEMPLATES = {"humaneval": "code", "classeval": "code", "longproc:pseudo_to_code": "cpp",
+             "longproc:tom_tracking": "trace"}
 
 
 def template_for(suite: str) -> str:
@@ -20,7 +21,7 @@ def template_for(suite: str) -> str:
 
 
 def run_item(model: SSR, item: Item, modes: list[str], config: GenerationConfig, repeat: int,
-             template: str | None = None, flip: bool = False) -> list[dict]:
+             template: str | None = None, flip: bool = False, engine: str = "llama.cpp") -> list[dict]:
     """Every mode once on one item; the order is reversed when `flip` (alternate it per
     item and repeat to cancel drift)."""
     template = template or template_for(item.suite)
@@ -35,7 +36,7 @@ def run_item(model: SSR, item: Item, modes: list[str], config: GenerationConfig,
         if mode != "ar" and "ar" in results:
             divergence = first_divergence(model.engine, prompt_ids, results["ar"], result)
         rows.append({
-            "suite": item.suite, "item": item.item_id, "repeat": repeat, "mode": mode,
+            "suite": item.suite, "item": item.item_id, "repeat": repeat, "mode": mode, "engine": engine,
             "position": order.index(mode), "config": asdict(generations[mode].config),
             "prompt_ids": prompt_ids, "answer_prefix_ids": generations[mode].answer_prefix_ids,
             "metrics": result.metrics.as_dict(), "answer": result.answer,
@@ -47,9 +48,10 @@ def run_item(model: SSR, item: Item, modes: list[str], config: GenerationConfig,
     return rows
 
 
-def run_bench(model: SSR, items: list[Item], modes: list[str], config: GenerationConfig, repeats: int,
-              out_path: Path, progress: bool = True) -> list[dict]:
-    """Runs and writes JSONL rows to out_path as each item finishes (Ctrl-C keeps them)."""
+def run_bench(models: dict[str, SSR], items: list[Item], modes: list[str], config: GenerationConfig,
+              repeats: int, out_path: Path, progress: bool = True) -> list[dict]:
+    """Every mode on every engine's model ({engine name: model}) per item; writes JSONL rows to
+    out_path as each item finishes (Ctrl-C keeps them)."""
     from tqdm import tqdm
 
     out_path.parent.mkdir(parents=True, exist_ok=True)
@@ -59,7 +61,10 @@ def run_bench(model: SSR, items: list[Item], modes: list[str], config: Generatio
         for repeat in range(repeats):
             for index, item in enumerate(items):
                 bar.set_description(f"{item.suite} {item.item_id}")
-                item_rows = run_item(model, item, modes, config, repeat, flip=(repeat + index) % 2 == 1)
+                flip = (repeat + index) % 2 == 1
+                engines = list(models)[::-1] if flip else list(models)
+                item_rows = [row for engine in engines for row in run_item(
+                    models[engine], item, modes, config, repeat, flip=flip, engine=engine)]
                 for row in item_rows:
                     out.write(json.dumps(row) + "\n")
                 out.flush()

@@ -23,7 +23,7 @@ from ..config import GenerationConfig, SamplingParams, SuffixParams
 from ..policy import AcceptanceStats, CostModel, best_span_length
 from ..proposers import PromptLookupProposer, SuffixProposer
 from .costs import Costs
-from .report import render_table
+from .report import group_name, render_table
 
 EOS = -1  # stands for whichever end-of-sequence token the model wrote
 
@@ -65,16 +65,20 @@ def replay(row: dict, costs: Costs, config: GenerationConfig, answer_prefix_ids:
     forced = row["forced_ids"]
     forced_end_len = len(forced) - len(answer_prefix_ids)
     cot_end = row["metrics"]["cot_end"]
-    out.seconds["prefill"] = costs.prefill(len(row["prompt_ids"]) - 1)
+    prompt_len = len(row["prompt_ids"])
+    out.seconds["prefill"] = costs.prefill(prompt_len - 1)
 
     # 1. think: one step per CoT token (and one more for an EOS); 2 sequences while the child lives
+    #    (costs are linear in the cached length, so the mean context prices a whole stage)
     cot_steps = len(cot_ids) + (cot_end == "eos")
     draft_ids = row["draft_ids"] if config.uses_draft and config.draft_at < cot_steps else []
     batched = max(0, len(draft_ids) - 1)
-    out.seconds["cot"] = (cot_steps - batched) * costs.step(1) + batched * costs.step(2)
+    thinking = prompt_len + cot_steps // 2
+    out.seconds["cot"] = (cot_steps - batched) * costs.step(1, thinking) + batched * costs.step(2, thinking)
     if draft_ids:
-        out.seconds["cot"] += costs.score(1 + forced_end_len + len(answer_prefix_ids))  # the fork
-        out.seconds["draft"] = batched * costs.step(2)
+        fork_at = prompt_len + config.draft_at
+        out.seconds["cot"] += costs.score(1 + forced_end_len + len(answer_prefix_ids), fork_at)  # the fork
+        out.seconds["draft"] = batched * costs.step(2, fork_at + len(draft_ids) // 2)
 
     # 2. close: forced tokens, then the draft in chunks that double while all match
     fed = (0 if cot_end == "eos" else 1) + len(forced)
@@ -83,31 +87,32 @@ def replay(row: dict, costs: Costs, config: GenerationConfig, answer_prefix_ids:
         checked = answer_ids + [EOS]  # the child ended where the model ends: with EOS
     num_accepted = _common_prefix(checked, target)
     chunk, scored = config.verify_chunk, min(config.verify_chunk, len(checked))
-    verify_s = costs.score(fed + scored)
+    closed = prompt_len + cot_steps  # tokens cached when the CoT closes
+    verify_s = costs.score(fed + scored, closed)
     while scored < len(checked) and num_accepted >= scored:
         chunk *= 2
         size = min(chunk, len(checked) - scored)
-        verify_s += costs.score(size)
+        verify_s += costs.score(size, closed + fed + scored)
         scored += size
     out.seconds["verify"] = verify_s
     out.accepted_prefix_tokens = num_accepted if checked else 0
 
     # 3. continue
     if spans == "recorded":
-        out.seconds["continuation"] = _recorded_continuation(row, costs, cot_steps)
+        out.seconds["continuation"] = _recorded_continuation(row, costs, cot_steps, closed + len(forced))
         out.suffix_accepted_tokens = row["metrics"]["suffix_accepted_tokens"]
         out.answer_tokens = row["metrics"]["answer_tokens"]
         return out
     proposer = _proposer(config, row, cot_ids, answer_prefix_ids, draft_ids)
     out.seconds["continuation"], out.suffix_accepted_tokens, out.answer_tokens = _policy_continuation(
-        proposer, costs, config, target, answer_prefix_ids, num_accepted)
+        proposer, costs, config, target, answer_prefix_ids, num_accepted, closed + len(forced))
     return out
 
 
 def _policy_continuation(proposer, costs: Costs, config: GenerationConfig, target: list[int],
-                         answer_prefix_ids: list[int], num_accepted: int) -> tuple[float, int, int]:
+                         answer_prefix_ids: list[int], num_accepted: int, answer_start: int) -> tuple[float, int, int]:
     """Stage 3 as `Generation._continue` runs it, spans cut by the policy under `costs`:
-    (seconds, suffix-accepted tokens, answer tokens)."""
+    (seconds, suffix-accepted tokens, answer tokens); answer_start: tokens cached before the answer."""
     if proposer is not None:
         proposer.observe(answer_prefix_ids)
     cost_model = CostModel(step_s=costs.step(1), token_s=(costs.score(32) - costs.step(1)) / 31)
@@ -121,10 +126,10 @@ def _policy_continuation(proposer, costs: Costs, config: GenerationConfig, targe
         if span and config.adaptive_spans:
             span = span[: best_span_length(probs if probs is not None else stats.probs(len(span)), cost_model)]
         if not span:
-            seconds += costs.step(1)
+            seconds += costs.step(1, answer_start + position)
             committed.add(target[position : position + 1])
             continue
-        seconds += costs.score(1 + len(span))
+        seconds += costs.score(1 + len(span), answer_start + position)
         accepted = _common_prefix(span, target[position:])
         stats.observe(len(span), accepted)
         suffix_accepted += accepted
@@ -132,11 +137,13 @@ def _policy_continuation(proposer, costs: Costs, config: GenerationConfig, targe
     return seconds, suffix_accepted, committed.length
 
 
-def _recorded_continuation(row: dict, costs: Costs, cot_steps: int) -> float:
-    """The run's own spans (one score pass each) plus its plain decode steps."""
-    scored = sum(costs.score(1 + event["proposed"]) for event in row["trace"] if event["kind"] == "span")
+def _recorded_continuation(row: dict, costs: Costs, cot_steps: int, answer_start: int) -> float:
+    """The run's own spans (one score pass each) plus its plain decode steps, at the answer's
+    mean context."""
+    context = answer_start + row["metrics"]["answer_tokens"] // 2
+    scored = sum(costs.score(1 + event["proposed"], context) for event in row["trace"] if event["kind"] == "span")
     plain_steps = row["metrics"]["decode_steps"] - cot_steps
-    return scored + plain_steps * costs.step(1)
+    return scored + plain_steps * costs.step(1, context)
 
 
 class _Commit:
@@ -194,18 +201,34 @@ def simulate(rows: list[dict], costs: Costs, config: GenerationConfig, spans: st
     """Per row: measured and modelled seconds; rows must come from greedy runs."""
     by_suite: dict[str, list[dict]] = defaultdict(list)
     for row in rows:
-        by_suite[row["suite"]].append(row)
+        by_suite[group_name(row)].append(row)
     out = []
     for suite_rows in by_suite.values():
         prefix = answer_prefix_of(suite_rows)
         for row in suite_rows:
             row_config = config_from_dict(row["config"]) if isinstance(row.get("config"), dict) else config
             result = replay(row, costs, row_config, prefix, spans)
-            out.append({"suite": row["suite"], "item": row["item"], "repeat": row["repeat"], "mode": row["mode"],
+            out.append({"suite": group_name(row), "item": row["item"], "repeat": row["repeat"], "mode": row["mode"],
                         "measured_s": row["metrics"]["total_s"], "modelled_s": result.total_s,
                         "modelled_stages": dict(result.seconds),
                         "accepted_prefix": (result.accepted_prefix_tokens, row["metrics"]["accepted_prefix_tokens"]),
                         "suffix_accepted": (result.suffix_accepted_tokens, row["metrics"]["suffix_accepted_tokens"])})
+    return out
+
+
+def anchor_to_ar(projected: list[dict]) -> list[dict]:
+    """Scale each item's modelled seconds so its `ar` run matches what was measured.
+
+    The machine's speed drifts between a calibration and a bench run (here by ~20% over
+    hours); anchoring removes that common factor and leaves what the simulator models:
+    the differences between modes. `ar` rows then match by construction."""
+    factors = {(p["suite"], p["item"], p["repeat"]): p["measured_s"] / p["modelled_s"]
+               for p in projected if p["mode"] == "ar" and p["modelled_s"] > 0}
+    out = []
+    for p in projected:
+        factor = factors.get((p["suite"], p["item"], p["repeat"]), 1.0)
+        out.append({**p, "modelled_s": p["modelled_s"] * factor,
+                    "modelled_stages": {k: v * factor for k, v in p["modelled_stages"].items()}})
     return out
 
 

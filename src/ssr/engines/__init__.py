@@ -1,7 +1,9 @@
 """Engines: adapters behind one protocol (see base.Engine)."""
 from .base import Engine, EngineError
 
-__all__ = ["Engine", "EngineError", "load_engine"]
+__all__ = ["ENGINES", "Engine", "EngineError", "load_engine"]
+
+ENGINES = ("llama.cpp", "transformers")  # what --engine offers (the fake engine is for tests)
 
 
 def load_engine(model: str, engine: str = "llama.cpp", **options) -> Engine:
@@ -11,10 +13,15 @@ def load_engine(model: str, engine: str = "llama.cpp", **options) -> Engine:
         from .llamacpp import LlamaCppEngine
 
         return LlamaCppEngine(resolve_model(model), **options)
+    if engine in ("transformers", "hf"):
+        from ..models import resolve_source
+        from .hf import TransformersEngine
+
+        return TransformersEngine(resolve_source(model), **options)
     if engine == "fake":
         from .fake import FakeEngine
 
         return FakeEngine(**options)
     from ..config import ConfigError
 
-    raise ConfigError(f"unknown engine {engine!r}: use llama.cpp")
+    raise ConfigError(f"unknown engine {engine!r}: use one of {', '.join(ENGINES)}")

@@ -1,0 +1,313 @@
+"""transformers engine: any Hugging Face causal LM (folder, hub id, or a GGUF file
+through transformers' GGUF loader), on CPU or CUDA.
+
+The KV cache is ours: per layer one buffer [slots, kv_heads, capacity, head_dim],
+one slot per live sequence, handed to the model as a transformers `Cache` whose
+`update` writes each row's new entries at that row's own position. `step` feeds
+one token of several sequences of different lengths in one forward pass
+(per-row positions and a [rows, 1, queries, keys] mask); `fork` copies a slot's
+entries (no recompute); `truncate` only shortens the length.
+
+Lossless needs batch invariance: a token's logits must not depend on what else
+is in the pass. Measured with torch's CPU kernels, two things broke it and are
+avoided here:
+- matmuls with fewer than ~10 rows take other kernels (their sums round
+  differently) -> every pass feeds at least `min_rows` (16) queries per sequence,
+  the real tokens first and throw-away tokens after them (causal, so the real
+  ones never see them; their KV entries lie past the sequence's length and are
+  overwritten later);
+- attention kernels that tile queries and keys by the pass's shape -> attention
+  is our own function (registered with transformers' AttentionInterface): two
+  matmuls and a softmax over a key length rounded up to a multiple of 64; masked
+  keys add exact zeros.
+tests/test_engine_contract.py checks the result bit for bit, as for llama.cpp.
+"""
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from .base import EngineError
+
+ATTENTION_NAME = "ssr_invariant"
+KEY_BLOCK = 64  # key lengths are rounded up to this (see the module docstring)
+CAPACITY_BLOCK = 256  # KV buffers grow by multiples of this
+END_TOKENS = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end_of_text|>", "<end_of_turn>", "<|end|>",
+              "<turn|>")  # chat end markers that end generation, as llama.cpp's end-of-generation set
+
+
+def invariant_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """Attention whose result for a query does not depend on the other queries or rows.
+
+    query [rows, heads, q, dim]; key, value [rows, kv_heads, keys, dim];
+    attention_mask [rows, 1, q, keys] bool (True = attend) -> ([rows, q, heads, dim], None).
+    """
+    import torch
+
+    rows, heads, queries, dim = query.shape
+    kv_heads, keys = key.shape[1], key.shape[2]
+    group = heads // kv_heads  # query heads per kv head (grouped-query attention)
+    scaling = dim ** -0.5 if scaling is None else scaling
+    grouped = query.reshape(rows, kv_heads, group * queries, dim)  # head h = g * group + r -> kv head g
+    scores = torch.matmul(grouped, key.transpose(-1, -2)) * scaling  # [rows, kv_heads, group*q, keys]
+    if kwargs.get("softcap"):  # attention logit soft-capping (Gemma-2)
+        scores = torch.tanh(scores / kwargs["softcap"]) * kwargs["softcap"]
+    if kwargs.get("s_aux") is not None:
+        raise EngineError("attention sinks are not supported by the transformers engine")
+    mask = attention_mask[:, :, None].expand(rows, 1, group, queries, keys).reshape(rows, 1, group * queries, keys)
+    scores = scores.masked_fill(~mask, float("-inf"))
+    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(value.dtype)
+    out = torch.matmul(probs, value)  # [rows, kv_heads, group*q, dim]
+    return out.reshape(rows, heads, queries, dim).transpose(1, 2).contiguous(), None
+
+
+def _slot_cache_class():
+    import torch
+    from transformers.cache_utils import Cache
+
+    class SlotCache(Cache):
+        """Every live sequence's KV entries; one forward pass writes and reads the rows `begin` set."""
+
+        def __init__(self, slots: int, capacity: int):
+            super().__init__(layers=[])
+            self.slots = slots  # sequences the buffers hold
+            self.capacity = capacity  # positions per slot, a multiple of CAPACITY_BLOCK
+            self.keys: list = []  # per layer [slots, kv_heads, capacity, dim], made on first use
+            self.values: list = []
+            self.rows: list[int] = []  # slot of each row of the current pass
+            self.starts: list[int] = []  # position where each row's new entries go
+            self.key_length = 0  # keys each row reads in the current pass
+
+        def begin(self, rows: list[int], starts: list[int], key_length: int) -> None:
+            self.rows, self.starts, self.key_length = rows, starts, key_length
+
+        def update(self, key_states, value_states, layer_idx, *args, **kwargs):
+            if layer_idx == len(self.keys):
+                shape = (self.slots, key_states.shape[1], self.capacity, key_states.shape[3])
+                self.keys.append(key_states.new_zeros(shape))
+                self.values.append(value_states.new_zeros(shape))
+            keys, values = self.keys[layer_idx], self.values[layer_idx]
+            count = key_states.shape[2]
+            for row, (slot, start) in enumerate(zip(self.rows, self.starts)):
+                keys[slot, :, start : start + count] = key_states[row]
+                values[slot, :, start : start + count] = value_states[row]
+            first = self.rows[0]
+            if self.rows == list(range(first, first + len(self.rows))):  # a view, no copy
+                return (keys[first : first + len(self.rows), :, : self.key_length],
+                        values[first : first + len(self.rows), :, : self.key_length])
+            index = torch.tensor(self.rows, device=keys.device)
+            return keys[index, :, : self.key_length], values[index, :, : self.key_length]
+
+        def grow(self, capacity: int) -> None:
+            for buffers in (self.keys, self.values):
+                for layer, old in enumerate(buffers):
+                    new = old.new_zeros(old.shape[:2] + (capacity,) + old.shape[3:])
+                    new[:, :, : self.capacity] = old
+                    buffers[layer] = new
+            self.capacity = capacity
+
+        def copy_slot(self, source: int, target: int, length: int) -> None:
+            for buffers in (self.keys, self.values):
+                for layer in buffers:
+                    layer[target, :, :length] = layer[source, :, :length]
+
+        def get_seq_length(self, layer_idx: int = 0) -> int:
+            return self.key_length
+
+    return SlotCache
+
+
+def _check_attention_layers(config, context_size: int) -> None:
+    """Only full attention (or sliding windows the context never exceeds) fits the slot cache:
+    recurrent / linear-attention layers keep a state that cannot be forked or truncated here."""
+    layer_types = set(getattr(config, "layer_types", None) or ["full_attention"])
+    other = layer_types - {"full_attention", "sliding_attention"}
+    if other:
+        raise EngineError(f"the transformers engine supports attention layers only; this model has {sorted(other)}")
+    window = getattr(config, "sliding_window", None)
+    if "sliding_attention" in layer_types and window and context_size > window:
+        raise EngineError(f"this model's sliding-window layers ({window} tokens) need --context-size <= {window}")
+
+
+def model_source(path_or_id: str | Path) -> tuple[str, str | None]:
+    """(folder or hub id, GGUF file name inside it or None) for from_pretrained."""
+    path = Path(path_or_id).expanduser()
+    if path.is_file():
+        return str(path.parent), path.name
+    return str(path_or_id), None
+
+
+class TransformersEngine:
+    def __init__(self, model: str | Path, context_size: int = 8192, max_sequences: int = 4,
+                 batch_size: int = 512, threads: int | None = None, device: str | None = None,
+                 dtype: str | None = None, min_rows: int = 16, verbose: bool = False) -> None:
+        import torch
+        from transformers import AttentionInterface, AutoModelForCausalLM, AutoTokenizer
+        from transformers.utils import logging as hf_logging
+
+        if not verbose:
+            hf_logging.set_verbosity_error()
+            hf_logging.disable_progress_bar()
+        if threads:
+            torch.set_num_threads(threads)
+        self._torch = torch
+        self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        dtype = dtype or ("float32" if self.device == "cpu" else "bfloat16")
+        if dtype not in ("float32", "bfloat16", "float16"):
+            raise EngineError(f"dtype must be float32, bfloat16 or float16, got {dtype!r}")
+        AttentionInterface.register(ATTENTION_NAME, invariant_attention)
+        source, gguf_file = model_source(model)
+        try:
+            self._tokenizer = AutoTokenizer.from_pretrained(source, gguf_file=gguf_file)
+            self._model = AutoModelForCausalLM.from_pretrained(
+                source, gguf_file=gguf_file, dtype=getattr(torch, dtype), attn_implementation=ATTENTION_NAME
+            ).to(self.device).eval()
+        except (OSError, ValueError, KeyError, RuntimeError) as error:
+            raise EngineError(f"transformers could not load {model}: {str(error).splitlines()[0]}") from error
+        _check_attention_layers(self._model.config, context_size)
+        self.name = Path(str(model)).stem if gguf_file else str(model).rstrip("/").split("/")[-1]
+        self.dtype = dtype
+        self.threads = torch.get_num_threads()
+        self.batch_size = batch_size
+        self.min_rows = min_rows
+        self.context_size = context_size
+        self.max_sequences = max_sequences
+        self.vocab_size = self._model.get_output_embeddings().weight.shape[0]
+        self.chat_template = getattr(self._tokenizer, "chat_template", None)
+        self.bos_text = self._tokenizer.bos_token or ""
+        self.eos_text = self._tokenizer.eos_token or ""
+        self.add_bos = self._tokenizer.bos_token_id is not None and bool(getattr(self._tokenizer, "add_bos_token", False))
+        self.eos_ids = self._end_ids()
+        self._pad_id = self._tokenizer.pad_token_id or 0  # fed as throw-away queries
+        self._byte_decoder = self._byte_level_decoder()
+        self._special_ids = set(self._tokenizer.all_special_ids) | set(self._tokenizer.added_tokens_decoder)
+        self._cache = _slot_cache_class()(max_sequences, CAPACITY_BLOCK)
+        self._free_slots = list(range(max_sequences - 1, -1, -1))
+        self._lengths: dict[int, int] = {}  # live sequence (its slot) -> tokens held
+
+    # -- text -----------------------------------------------------------------------------
+
+    def tokenize(self, text: str, add_bos: bool = False) -> list[int]:
+        ids = self._tokenizer(text, add_special_tokens=False)["input_ids"]
+        return ([self._tokenizer.bos_token_id] if add_bos and self._tokenizer.bos_token_id is not None else []) + ids
+
+    def token_bytes(self, token_id: int) -> bytes:
+        if token_id >= len(self._tokenizer):
+            return b""
+        if token_id in self._special_ids:
+            return self._tokenizer.decode([token_id]).encode("utf-8")
+        piece = self._tokenizer.convert_ids_to_tokens(token_id)
+        if self._byte_decoder is not None and all(c in self._byte_decoder for c in piece):
+            return bytes(self._byte_decoder[c] for c in piece)
+        if piece.startswith("<0x") and piece.endswith(">") and len(piece) == 6:  # sentencepiece byte fallback
+            return bytes([int(piece[3:5], 16)])
+        return piece.replace("\u2581", " ").encode("utf-8")
+
+    # -- sequences ------------------------------------------------------------------------
+
+    def prefill(self, token_ids: Sequence[int]) -> int:
+        seq = self._allocate()
+        try:
+            for start in range(0, len(token_ids), self.batch_size):
+                self._forward([(seq, list(token_ids[start : start + self.batch_size]))], want_logits=False)
+        except EngineError:
+            self.release(seq)
+            raise
+        return seq
+
+    def fork(self, seq: int) -> int:
+        child = self._allocate()
+        self._cache.copy_slot(seq, child, self._lengths[seq])
+        self._lengths[child] = self._lengths[seq]
+        return child
+
+    def step(self, batch: Sequence[tuple[int, int]]) -> np.ndarray:
+        return self._forward([(seq, [token]) for seq, token in batch])
+
+    def score(self, seq: int, token_ids: Sequence[int]) -> np.ndarray:
+        rows = [self._forward([(seq, list(token_ids[start : start + self.batch_size]))])
+                for start in range(0, len(token_ids), self.batch_size)]
+        return np.concatenate(rows) if rows else np.zeros((0, self.vocab_size), np.float32)
+
+    def truncate(self, seq: int, length: int) -> None:
+        self._lengths[seq] = min(self._lengths[seq], length)  # entries past it are masked, then overwritten
+
+    def release(self, seq: int) -> None:
+        if self._lengths.pop(seq, None) is not None:
+            self._free_slots.append(seq)
+
+    def length(self, seq: int) -> int:
+        return self._lengths[seq]
+
+    def live_sequences(self) -> int:
+        return len(self._lengths)
+
+    def close(self) -> None:
+        self._cache = _slot_cache_class()(self.max_sequences, CAPACITY_BLOCK)  # frees the KV buffers
+
+    # -- internals ------------------------------------------------------------------------
+
+    def _allocate(self) -> int:
+        if not self._free_slots:
+            raise EngineError(f"all {self.max_sequences} sequences are in use")
+        seq = self._free_slots.pop()
+        self._lengths[seq] = 0
+        return seq
+
+    def _forward(self, rows: Sequence[tuple[int, list[int]]], want_logits: bool = True) -> np.ndarray:
+        """One forward pass feeding each (seq, tokens) row -> logits [total tokens, vocab]."""
+        torch = self._torch
+        starts = [self._lengths[seq] for seq, _ in rows]
+        for (seq, tokens), start in zip(rows, starts):
+            if start + len(tokens) > self.context_size:
+                raise EngineError(f"the KV cache is full ({self.context_size} tokens); raise --context-size")
+        queries = max(self.min_rows, max(len(tokens) for _, tokens in rows))  # padded with throw-away tokens
+        key_length = -(-(max(starts) + queries) // KEY_BLOCK) * KEY_BLOCK
+        if key_length > self._cache.capacity:  # doubling: copies stay linear in the length reached
+            self._cache.grow(max(2 * self._cache.capacity, -(-key_length // CAPACITY_BLOCK) * CAPACITY_BLOCK))
+        input_ids = torch.full((len(rows), queries), self._pad_id, dtype=torch.long)
+        for row, (_, tokens) in enumerate(rows):
+            input_ids[row, : len(tokens)] = torch.tensor(tokens, dtype=torch.long)
+        positions = torch.tensor(starts)[:, None] + torch.arange(queries)[None, :]  # [rows, q]
+        mask = torch.arange(key_length)[None, None, :] <= positions[:, :, None]  # [rows, q, keys]
+        self._cache.begin([seq for seq, _ in rows], starts, key_length)
+        with torch.no_grad():  # (not inference_mode: fork and grow write the buffers outside the pass)
+            out = self._model(
+                input_ids=input_ids.to(self.device), position_ids=positions.to(self.device),
+                attention_mask=mask[:, None].to(self.device), past_key_values=self._cache, use_cache=True,
+                logits_to_keep=0 if want_logits else 1,
+            )
+        for (seq, tokens), start in zip(rows, starts):
+            self._lengths[seq] = start + len(tokens)
+        if not want_logits:
+            return np.zeros((0, self.vocab_size), np.float32)
+        logits = out.logits.float()  # [rows, q, vocab]
+        kept = [logits[row, : len(tokens)] for row, (_, tokens) in enumerate(rows)]
+        return torch.cat(kept).cpu().numpy()
+
+    def _end_ids(self) -> frozenset[int]:
+        ids = {self._tokenizer.eos_token_id}
+        configured = getattr(self._model.generation_config, "eos_token_id", None)
+        ids.update(configured if isinstance(configured, list) else [configured])
+        vocab = self._tokenizer.get_vocab()
+        ids.update(vocab[token] for token in END_TOKENS if token in vocab)
+        return frozenset(i for i in ids if i is not None)
+
+    def _byte_level_decoder(self) -> dict[str, int] | None:
+        """GPT-2 byte-level BPE: the char -> byte map, None for other tokenizers."""
+        backend = getattr(self._tokenizer, "backend_tokenizer", None)
+        decoder = json.loads(backend.to_str()).get("decoder") if backend is not None else None
+        if not decoder or "ByteLevel" not in json.dumps(decoder):
+            return None
+        printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + \
+            list(range(ord("®"), ord("ÿ") + 1))
+        chars, extra = list(printable), 0
+        for byte in range(256):
+            if byte not in printable:
+                printable.append(byte)
+                chars.append(256 + extra)
+                extra += 1
+        return {chr(c): b for b, c in zip(printable, chars)}
