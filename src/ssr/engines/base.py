@@ -51,3 +51,34 @@ class Engine(Protocol):
 
     def length(self, seq: int) -> int:
         """Tokens held for seq."""
+
+
+class SequenceSlots:
+    """Sequence handles 0 .. max_sequences-1 and the tokens each holds; engines whose KV
+    cache is indexed by such handles build on it (llama.cpp sequence ids, transformers slots)."""
+
+    def __init__(self, max_sequences: int) -> None:
+        self.max_sequences = max_sequences
+        self._free = list(range(max_sequences - 1, -1, -1))  # handles not in use, lowest last
+        self._lengths: dict[int, int] = {}  # live sequence -> tokens in the KV cache
+
+    def allocate(self) -> int:
+        if not self._free:
+            raise EngineError(f"all {self.max_sequences} sequences are in use")
+        seq = self._free.pop()
+        self._lengths[seq] = 0
+        return seq
+
+    def free(self, seq: int) -> bool:
+        """Forget seq; False when it was not live."""
+        if self._lengths.pop(seq, None) is None:
+            return False
+        self._free.append(seq)
+        return True
+
+    def length(self, seq: int) -> int:
+        return self._lengths[seq]
+
+    def live_sequences(self) -> int:
+        return len(self._lengths)
+

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .base import EngineError
+from .base import EngineError, SequenceSlots
 
 ATTENTION_NAME = "ssr_invariant"
 KEY_BLOCK = 64  # key lengths are rounded up to this (see the module docstring)
@@ -140,7 +140,7 @@ def model_source(path_or_id: str | Path) -> tuple[str, str | None]:
     return str(path_or_id), None
 
 
-class TransformersEngine:
+class TransformersEngine(SequenceSlots):
     def __init__(self, model: str | Path, context_size: int = 8192, max_sequences: int = 4,
                  batch_size: int = 512, threads: int | None = None, device: str | None = None,
                  dtype: str | None = None, min_rows: int = 16, verbose: bool = False) -> None:
@@ -174,7 +174,6 @@ class TransformersEngine:
         self.batch_size = batch_size
         self.min_rows = min_rows
         self.context_size = context_size
-        self.max_sequences = max_sequences
         self.vocab_size = self._model.get_output_embeddings().weight.shape[0]
         self.chat_template = getattr(self._tokenizer, "chat_template", None)
         self.bos_text = self._tokenizer.bos_token or ""
@@ -185,8 +184,7 @@ class TransformersEngine:
         self._byte_decoder = self._byte_level_decoder()
         self._special_ids = set(self._tokenizer.all_special_ids) | set(self._tokenizer.added_tokens_decoder)
         self._cache = _slot_cache_class()(max_sequences, CAPACITY_BLOCK)
-        self._free_slots = list(range(max_sequences - 1, -1, -1))
-        self._lengths: dict[int, int] = {}  # live sequence (its slot) -> tokens held
+        SequenceSlots.__init__(self, max_sequences)  # a sequence is its slot in the KV buffers
 
     # -- text -----------------------------------------------------------------------------
 
@@ -209,7 +207,7 @@ class TransformersEngine:
     # -- sequences ------------------------------------------------------------------------
 
     def prefill(self, token_ids: Sequence[int]) -> int:
-        seq = self._allocate()
+        seq = self.allocate()
         try:
             for start in range(0, len(token_ids), self.batch_size):
                 self._forward([(seq, list(token_ids[start : start + self.batch_size]))], want_logits=False)
@@ -219,7 +217,7 @@ class TransformersEngine:
         return seq
 
     def fork(self, seq: int) -> int:
-        child = self._allocate()
+        child = self.allocate()
         self._cache.copy_slot(seq, child, self._lengths[seq])
         self._lengths[child] = self._lengths[seq]
         return child
@@ -236,26 +234,12 @@ class TransformersEngine:
         self._lengths[seq] = min(self._lengths[seq], length)  # entries past it are masked, then overwritten
 
     def release(self, seq: int) -> None:
-        if self._lengths.pop(seq, None) is not None:
-            self._free_slots.append(seq)
-
-    def length(self, seq: int) -> int:
-        return self._lengths[seq]
-
-    def live_sequences(self) -> int:
-        return len(self._lengths)
+        self.free(seq)  # the slot's entries are overwritten by its next owner
 
     def close(self) -> None:
         self._cache = _slot_cache_class()(self.max_sequences, CAPACITY_BLOCK)  # frees the KV buffers
 
     # -- internals ------------------------------------------------------------------------
-
-    def _allocate(self) -> int:
-        if not self._free_slots:
-            raise EngineError(f"all {self.max_sequences} sequences are in use")
-        seq = self._free_slots.pop()
-        self._lengths[seq] = 0
-        return seq
 
     def _forward(self, rows: Sequence[tuple[int, list[int]]], want_logits: bool = True) -> np.ndarray:
         """One forward pass feeding each (seq, tokens) row -> logits [total tokens, vocab]."""

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .base import EngineError
+from .base import EngineError, SequenceSlots
 
 
 KV_TYPES = {"f32": 0, "f16": 1, "q8_0": 8}  # ggml_type ids
@@ -43,7 +43,7 @@ def _silent_log():
     return llama_cpp.llama_log_callback(lambda level, text, user_data: None)
 
 
-class LlamaCppEngine:
+class LlamaCppEngine(SequenceSlots):
     def __init__(self, model_path: str | Path, context_size: int = 8192, max_sequences: int = 4,
                  batch_size: int = 512, threads: int | None = None, verbose: bool = False,
                  flash_attention: bool = True, k_type: str = "q8_0", v_type: str = "f16",
@@ -84,7 +84,6 @@ class LlamaCppEngine:
         self.batch_size = batch_size
         self.threads = threads
         self.context_size = lib.llama_n_ctx(self._ctx) // streams
-        self.max_sequences = max_sequences
         self.vocab_size = lib.llama_vocab_n_tokens(self._vocab)
         self.eos_ids = frozenset(t for t in range(self.vocab_size) if lib.llama_vocab_is_eog(self._vocab, t))
         template = lib.llama_model_chat_template(self._model, None)
@@ -92,8 +91,7 @@ class LlamaCppEngine:
         self.add_bos = bool(lib.llama_vocab_get_add_bos(self._vocab))
         self.bos_text = self.token_bytes(lib.llama_vocab_bos(self._vocab)).decode("utf-8", "replace")
         self.eos_text = self.token_bytes(lib.llama_vocab_eos(self._vocab)).decode("utf-8", "replace")
-        self._free_ids = list(range(max_sequences - 1, -1, -1))  # llama.cpp sequence ids not in use
-        self._lengths: dict[int, int] = {}  # live sequence -> tokens in the KV cache
+        SequenceSlots.__init__(self, max_sequences)  # handles are llama.cpp sequence ids
 
     # -- text -----------------------------------------------------------------------------
 
@@ -117,7 +115,7 @@ class LlamaCppEngine:
     # -- sequences ------------------------------------------------------------------------
 
     def prefill(self, token_ids: Sequence[int]) -> int:
-        seq = self._allocate()
+        seq = self.allocate()
         try:
             for start in range(0, len(token_ids), self.batch_size):
                 chunk = token_ids[start : start + self.batch_size]
@@ -128,7 +126,7 @@ class LlamaCppEngine:
         return seq
 
     def fork(self, seq: int) -> int:
-        child = self._allocate()
+        child = self.allocate()
         self._lib.llama_memory_seq_cp(self._memory, seq, child, -1, -1)
         self._lengths[child] = self._lengths[seq]
         return child
@@ -150,16 +148,8 @@ class LlamaCppEngine:
             self._lengths[seq] = length
 
     def release(self, seq: int) -> None:
-        if seq in self._lengths:
+        if self.free(seq):
             self._lib.llama_memory_seq_rm(self._memory, seq, -1, -1)
-            del self._lengths[seq]
-            self._free_ids.append(seq)
-
-    def length(self, seq: int) -> int:
-        return self._lengths[seq]
-
-    def live_sequences(self) -> int:
-        return len(self._lengths)
 
     def close(self) -> None:
         if getattr(self, "_ctx", None):
@@ -172,13 +162,6 @@ class LlamaCppEngine:
         self.close()
 
     # -- internals ------------------------------------------------------------------------
-
-    def _allocate(self) -> int:
-        if not self._free_ids:
-            raise EngineError(f"all {self.max_sequences} sequences of the context are in use")
-        seq = self._free_ids.pop()
-        self._lengths[seq] = 0
-        return seq
 
     def _decode(self, batch: Sequence[tuple[int, int]], want_logits: bool = True) -> np.ndarray:
         """One llama_decode over (seq, token) pairs -> logits [len(batch), vocab]."""
