@@ -54,7 +54,11 @@ def cmd_bench(args: argparse.Namespace, config: GenerationConfig, model_loader) 
     engines = list(dict.fromkeys(e.strip() for e in args.engine.split(",") if e.strip()))
     if not engines or any(e not in ENGINES for e in engines):
         raise ConfigError(f"--engine: give engines from {', '.join(ENGINES)}, comma-separated; got {args.engine!r}")
-    models = {engine: model_loader(argparse.Namespace(**{**vars(args), "engine": engine})) for engine in engines}
+    def engine_args(engine: str) -> argparse.Namespace:  # --device / --dtype are the transformers engine's
+        own = {} if engine == "transformers" else {"device": None, "dtype": None}
+        return argparse.Namespace(**{**vars(args), "engine": engine, **own})
+
+    models = {engine: model_loader(engine_args(engine)) for engine in engines}
     out_dir = Path(args.out)
     out = out_dir / "runs.jsonl"
     rows: list[dict] = []
