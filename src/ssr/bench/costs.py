@@ -66,7 +66,7 @@ class Costs:
                        score_s={int(k): float(v) for k, v in data["score_s"].items()},
                        prefill_token_s=float(data["prefill_token_s"]),
                        source=data.get("source", ""), meta=data.get("meta", {}),
-                       context_tokens=int(data.get("context_tokens", data.get("meta", {}).get("context_tokens", 0))),
+                       context_tokens=int(data.get("context_tokens", 0)),
                        **slopes)
         except (KeyError, TypeError, ValueError, AttributeError) as error:
             raise ConfigError(f"not a cost model (need step_s, score_s, prefill_token_s): {error}") from error
@@ -127,7 +127,7 @@ def calibrate(engine, repeats: int = 5, context_tokens: int = 1024, progress=Non
     grown = longer - context_tokens
     return Costs(step_s=step_s, score_s=score_s, prefill_token_s=prefill_s,
                  source="measured by ssr calibrate",
-                 meta={"date": time.strftime("%Y-%m-%d %H:%M"), "context_tokens": context_tokens},
+                 meta={"date": time.strftime("%Y-%m-%d %H:%M")},
                  context_tokens=context_tokens,
                  step_context_s=max(0.0, (step_long[1] - step_s[1]) / grown),
                  score_context_s=max(0.0, (score_long[128] - score_s[128]) / (128 * grown)),

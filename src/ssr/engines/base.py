@@ -55,12 +55,36 @@ class Engine(Protocol):
 
 class SequenceSlots:
     """Sequence handles 0 .. max_sequences-1 and the tokens each holds; engines whose KV
-    cache is indexed by such handles build on it (llama.cpp sequence ids, transformers slots)."""
+    cache is indexed by such handles build on it (llama.cpp sequence ids, transformers slots).
+
+    prefill and fork are written once here; an engine supplies `batch_size`,
+    `_feed(seq, tokens)` (one pass, no logits) and `_copy_entries(source, target)`."""
+
+    batch_size: int  # most tokens one pass feeds
 
     def __init__(self, max_sequences: int) -> None:
         self.max_sequences = max_sequences
         self._free = list(range(max_sequences - 1, -1, -1))  # handles not in use, lowest last
         self._lengths: dict[int, int] = {}  # live sequence -> tokens in the KV cache
+
+    def prefill(self, token_ids: Sequence[int]) -> int:
+        seq = self.allocate()
+        try:
+            for start in range(0, len(token_ids), self.batch_size):
+                self._feed(seq, list(token_ids[start : start + self.batch_size]))
+        except EngineError:
+            self.release(seq)
+            raise
+        return seq
+
+    def fork(self, seq: int) -> int:
+        child = self.allocate()
+        self._copy_entries(seq, child)
+        self._lengths[child] = self._lengths[seq]
+        return child
+
+    def release(self, seq: int) -> None:
+        self.free(seq)  # a slot's old entries are masked, then overwritten by its next owner
 
     def allocate(self) -> int:
         if not self._free:
@@ -81,4 +105,3 @@ class SequenceSlots:
 
     def live_sequences(self) -> int:
         return len(self._lengths)
-

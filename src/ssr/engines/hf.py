@@ -206,22 +206,6 @@ class TransformersEngine(SequenceSlots):
 
     # -- sequences ------------------------------------------------------------------------
 
-    def prefill(self, token_ids: Sequence[int]) -> int:
-        seq = self.allocate()
-        try:
-            for start in range(0, len(token_ids), self.batch_size):
-                self._forward([(seq, list(token_ids[start : start + self.batch_size]))], want_logits=False)
-        except EngineError:
-            self.release(seq)
-            raise
-        return seq
-
-    def fork(self, seq: int) -> int:
-        child = self.allocate()
-        self._cache.copy_slot(seq, child, self._lengths[seq])
-        self._lengths[child] = self._lengths[seq]
-        return child
-
     def step(self, batch: Sequence[tuple[int, int]]) -> np.ndarray:
         return self._forward([(seq, [token]) for seq, token in batch])
 
@@ -233,13 +217,16 @@ class TransformersEngine(SequenceSlots):
     def truncate(self, seq: int, length: int) -> None:
         self._lengths[seq] = min(self._lengths[seq], length)  # entries past it are masked, then overwritten
 
-    def release(self, seq: int) -> None:
-        self.free(seq)  # the slot's entries are overwritten by its next owner
-
     def close(self) -> None:
         self._cache = _slot_cache_class()(self.max_sequences, CAPACITY_BLOCK)  # frees the KV buffers
 
     # -- internals ------------------------------------------------------------------------
+
+    def _feed(self, seq: int, tokens: list[int]) -> None:
+        self._forward([(seq, tokens)], want_logits=False)
+
+    def _copy_entries(self, source: int, target: int) -> None:
+        self._cache.copy_slot(source, target, self._lengths[source])
 
     def _forward(self, rows: Sequence[tuple[int, list[int]]], want_logits: bool = True) -> np.ndarray:
         """One forward pass feeding each (seq, tokens) row -> logits [total tokens, vocab]."""

@@ -114,23 +114,6 @@ class LlamaCppEngine(SequenceSlots):
 
     # -- sequences ------------------------------------------------------------------------
 
-    def prefill(self, token_ids: Sequence[int]) -> int:
-        seq = self.allocate()
-        try:
-            for start in range(0, len(token_ids), self.batch_size):
-                chunk = token_ids[start : start + self.batch_size]
-                self._decode([(seq, token) for token in chunk], want_logits=False)
-        except EngineError:
-            self.release(seq)
-            raise
-        return seq
-
-    def fork(self, seq: int) -> int:
-        child = self.allocate()
-        self._lib.llama_memory_seq_cp(self._memory, seq, child, -1, -1)
-        self._lengths[child] = self._lengths[seq]
-        return child
-
     def step(self, batch: Sequence[tuple[int, int]]) -> np.ndarray:
         return self._decode(batch)
 
@@ -162,6 +145,12 @@ class LlamaCppEngine(SequenceSlots):
         self.close()
 
     # -- internals ------------------------------------------------------------------------
+
+    def _feed(self, seq: int, tokens: list[int]) -> None:
+        self._decode([(seq, token) for token in tokens], want_logits=False)
+
+    def _copy_entries(self, source: int, target: int) -> None:
+        self._lib.llama_memory_seq_cp(self._memory, source, target, -1, -1)  # shares cells, no recompute
 
     def _decode(self, batch: Sequence[tuple[int, int]], want_logits: bool = True) -> np.ndarray:
         """One llama_decode over (seq, token) pairs -> logits [len(batch), vocab]."""
