@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 from ssr import SSR, GenerationConfig
-from ssr.bench.costs import calibrate, gpu_preset
+from ssr.costs import calibrate, gpu_preset
 from ssr.engines import load_engine
 from ssr.lossless import first_divergence
 

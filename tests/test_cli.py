@@ -68,16 +68,26 @@ def test_prompt_too_long_for_context(capsys):
     assert "more than the context holds" in capsys.readouterr().err
 
 
-def test_generate_json_end_to_end():
+@pytest.mark.parametrize("policy", ["fixed", "auto"])
+def test_generate_json_end_to_end(policy):
     code, out, err = run_cli("generate", "Write a function is_even(n).", "--json", "--thinking-budget", "48",
-                             "--draft-at", "16", "--draft-tokens", "32", "--max-tokens", "48")
+                             "--draft-at", "16", "--draft-tokens", "32", "--max-tokens", "48", "--policy", policy,
+                             "--draft-interval", "12")
     assert code == 0, err
     payload = json.loads(out)
     assert payload["answer"].startswith("```python")
     metrics = payload["metrics"]
     assert metrics["cot_tokens"] == len(payload["cot_ids"])
-    if metrics["cot_tokens"] > 16:  # reached b_d
-        assert metrics["draft_tokens"] > 0
+    plan = metrics["policy"]
+    assert plan["explain"]["policy"] == policy and plan["explain"]["reason"]
+    if policy == "auto":  # what it chose, from which predicted costs
+        assert {"step_1", "step_2", "per_draft_token_batched", "net_gain_per_draft"} <= set(plan["explain"]["predicted_s"])
+    if plan["draft"] and metrics["cot_tokens"] > plan["stages"][0]:  # reached b_d
+        assert metrics["draft_tokens"] > 0 and metrics["stages"][0]["forked_at"] == plan["stages"][0]
+    if policy == "fixed":
+        assert plan["stages"] == [16, 28, 40]
+        forked = [stage["forked_at"] for stage in metrics["stages"]]
+        assert forked == [16, 28, 40][: len(forked)] and all(b <= metrics["cot_tokens"] for b in forked)
     assert set(metrics["seconds"]) == {"prefill", "cot", "draft", "verify", "continuation"}
 
 

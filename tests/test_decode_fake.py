@@ -16,7 +16,7 @@ PROMPT = [ord(c) for c in "Please complete the class Stack."]
 
 def run(mode, engine=None, **overrides):
     engine = engine or FakeEngine()
-    options = dict(mode=mode, thinking_budget=40, draft_at=15, draft_tokens=30, max_tokens=60)
+    options = dict(mode=mode, thinking_budget=40, draft_at=15, draft_tokens=30, max_tokens=60, policy="fixed")
     options.update(overrides)
     return Generation(engine, FMT, GenerationConfig(**options), PROMPT).run(), engine
 
@@ -102,7 +102,7 @@ def answer_prefix_counts(mode, verify, seeds, positions=2, drift=1.5):
     counts = Counter()
     for seed in seeds:
         config = GenerationConfig(
-            mode=mode, thinking_budget=6, draft_at=2, draft_tokens=4, max_tokens=positions,
+            mode=mode, thinking_budget=6, draft_at=2, draft_tokens=4, max_tokens=positions, policy="fixed",
             sampling=SamplingParams(temperature=1.0, seed=seed), verify=verify,
             suffix=SuffixParams(max_depth=8, max_span=4),
         )

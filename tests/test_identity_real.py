@@ -20,6 +20,7 @@ def smollm():
 
 
 def check_identity(model, prompt, report, **budgets):
+    budgets.setdefault("policy", "fixed")  # drafts forked as asked, whatever they would cost here
     ar = model.generate(prompt, GenerationConfig(mode="ar", **budgets))
     ssr = model.generate(prompt, GenerationConfig(mode="ssr", **budgets))
     assert model.engine.live_sequences() == 0
@@ -36,12 +37,15 @@ SMOL_PROMPTS = humaneval_prompts(16) + classeval_prompts(4)
 @pytest.mark.parametrize("index", range(len(SMOL_PROMPTS)))
 def test_smollm_greedy_identity(smollm, index, record_property):
     report = []
+    interval = 20 if index % 2 else 0  # odd items: multi-stage, forks at 32, 52, 72, 92
     ar, ssr = check_identity(smollm, SMOL_PROMPTS[index], report, thinking_budget=96,
-                             draft_at=32, draft_tokens=64, max_tokens=96)
+                             draft_at=32, draft_tokens=64, max_tokens=96, draft_interval=interval)
     record_property("divergence", report)
     m = ssr.metrics
     if m.cot_tokens > 32:  # the CoT reached b_d: a draft was written and verified
         assert m.draft_tokens > 0 and m.verify_passes >= 1
+    if interval and m.cot_tokens > 52:
+        assert len(m.stages) >= 2
     print(f"[{index}] accepted prefix {m.accepted_prefix_tokens}, suffix {m.suffix_accepted_tokens}"
           f"/{m.suffix_proposed_tokens}; {report or 'identical'}")
 
@@ -49,7 +53,7 @@ def test_smollm_greedy_identity(smollm, index, record_property):
 @pytest.mark.parametrize("mode", ["ssr-prefix", "ssr-suffix", "suffix", "pld"])
 def test_smollm_other_modes_identity(smollm, mode):
     prompt = SMOL_PROMPTS[0]
-    budgets = dict(thinking_budget=64, draft_at=16, draft_tokens=48, max_tokens=64)
+    budgets = dict(thinking_budget=64, draft_at=16, draft_tokens=48, max_tokens=64, policy="fixed")
     ar = smollm.generate(prompt, GenerationConfig(mode="ar", **budgets))
     got = smollm.generate(prompt, GenerationConfig(mode=mode, **budgets))
     divergence = first_divergence(smollm.engine, smollm.prompt_ids(prompt), ar, got)

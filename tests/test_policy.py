@@ -35,3 +35,121 @@ def test_acceptance_stats():
     stats.observe(num_proposed=4, num_accepted=4)  # 4 tried, 4 accepted
     stats.observe(num_proposed=4, num_accepted=1)  # 2 tried (the 2nd rejected), 1 accepted
     assert stats.probs(2) == pytest.approx([5 / 6, (5 / 6) ** 2])
+
+
+# -- the drafting plan (--policy auto) ----------------------------------------------------
+
+from ssr.config import GenerationConfig  # noqa: E402
+from ssr.costs import Costs, gpu_preset  # noqa: E402
+from ssr.policy import (PolicyStats, best_verify_chunk, expected_verify_s, found_in_draft,  # noqa: E402
+                        plan_request, stage_budgets)
+
+# engine cost tables measured here (ssr calibrate), and the GPU preset
+QWEN_LLAMA_CPU = Costs(step_s={1: 0.044, 2: 0.063, 4: 0.098}, score_s={8: 0.17, 32: 0.74, 128: 2.66, 512: 11.45},
+                       prefill_token_s=0.0144)
+SMOL_LLAMA_CPU = Costs(step_s={1: 0.0147, 2: 0.0333}, score_s={8: 0.04, 32: 0.16, 128: 0.62, 512: 2.4},
+                       prefill_token_s=0.002)
+SMOL_TORCH_CPU = Costs(step_s={1: 0.082, 2: 0.106, 4: 0.181}, score_s={8: 0.088, 32: 0.13, 128: 0.356, 512: 1.848},
+                       prefill_token_s=0.0019)
+CONFIG = GenerationConfig(mode="ssr", thinking_budget=1024, draft_at=64, draft_tokens=256, max_tokens=1536)
+
+PLANS = [
+    ("GPU: drafting is nearly free", gpu_preset(), True),
+    ("transformers on CPU: a 2nd sequence +29%, scoring cheap", SMOL_TORCH_CPU, True),
+    ("llama.cpp qwen on CPU: a draft token 0.43 step + 0.5 step to verify", QWEN_LLAMA_CPU, False),
+    ("llama.cpp smollm on CPU: a 2nd sequence costs more than the 1st", SMOL_LLAMA_CPU, False),
+]
+
+
+@pytest.mark.parametrize("name,table,drafts", PLANS, ids=[p[0] for p in PLANS])
+def test_plan_drafts_only_where_it_pays(name, table, drafts):
+    plan = plan_request(CONFIG, CostModel(table=table), PolicyStats())
+    assert plan.draft is drafts
+    explain = plan.explain
+    assert explain["policy"] == "auto" and explain["run"] == ("batched" if drafts else "none")
+    assert (explain["predicted_s"]["net_gain_per_draft"] > 0) is drafts
+    assert explain["reason"].startswith("draft" if drafts else "no draft")
+    assert plan.stages == ((CONFIG.draft_at,) if drafts else ())  # no statistics yet: the flag's b_d
+
+
+def test_plan_learns_when_to_fork_and_how_long_to_draft():
+    stats = PolicyStats()
+    for cot, answer in [(400, 120), (500, 150), (600, 200)]:
+        stats.cot_tokens.append(cot)
+        stats.answer_tokens.append(answer)
+    plan = plan_request(CONFIG, CostModel(table=gpu_preset()), stats)
+    assert plan.draft_tokens == 150  # the typical answer, not the 256 allowed
+    assert plan.stages == (500 - 150,)  # late enough to see most of the CoT, early enough to finish
+    multi = plan_request(GenerationConfig(mode="ssr", draft_interval=100), CostModel(table=gpu_preset()), stats)
+    assert multi.stages == (350, 450, 550, 650, 750, 850, 950)
+
+
+def test_fixed_policy_and_plain_modes_follow_the_flags():
+    fixed = plan_request(GenerationConfig(mode="ssr", policy="fixed", draft_at=10, draft_interval=20,
+                                          thinking_budget=60), CostModel(table=SMOL_LLAMA_CPU), PolicyStats())
+    assert fixed.draft and fixed.stages == (10, 30, 50)
+    for mode in ("ar", "suffix", "pld"):
+        assert not plan_request(GenerationConfig(mode=mode), CostModel(), PolicyStats()).draft
+
+
+def test_verify_chunk_follows_the_score_cost():
+    gpu, cpu = CostModel(table=gpu_preset()), CostModel(table=QWEN_LLAMA_CPU)
+    assert best_verify_chunk(256, 1.0, gpu) == 256  # all will match: one pass, ~ one step
+    assert best_verify_chunk(256, 0.97, gpu) >= 64  # a pass costs ~ one step up to a few hundred tokens
+    assert best_verify_chunk(256, 0.97, cpu) <= 32  # every scored token costs: stop early
+    # a chunk that always reaches the end costs the same as one pass over all, on a linear engine
+    assert expected_verify_s(64, 8, 1.0, cpu) >= expected_verify_s(64, 64, 1.0, cpu)
+    assert expected_verify_s(64, 8, 0.0, cpu) < expected_verify_s(64, 64, 0.0, cpu)
+
+
+def test_cost_model_scales_a_measured_table_by_drift():
+    model = CostModel(table=QWEN_LLAMA_CPU, smoothing=0.5)
+    assert model.cost(1) == pytest.approx(0.044) and model.cost(32) == pytest.approx(0.74)
+    for _ in range(20):
+        model.observe_step(0.088)  # the machine got twice as slow
+    assert model.cost(32) == pytest.approx(1.48, rel=1e-3) and model.step(2) == pytest.approx(0.126, rel=1e-3)
+
+
+def test_stage_budgets():
+    assert stage_budgets(64, 0, 1024) == (64,)
+    assert stage_budgets(0, 500, 2000) == (0, 500, 1000, 1500)
+    assert stage_budgets(1024, 100, 1024) == ()
+
+
+def test_found_in_draft_counts_what_only_the_draft_knew():
+    draft = [1, 2, 3, 4, 5, 6]
+    known = [9, 9, 1, 2, 3, 4]  # the prompt already holds 1 2 3 4
+    answer = [1, 2, 3, 4, 5, 6, 7]
+    assert found_in_draft(answer, draft, known) == 2  # (2 3 4 5) and (3 4 5 6)
+
+
+def test_policy_stats_learn_usage():
+    from ssr.metrics import Metrics
+
+    stats = PolicyStats(draft_tokens=0, used_tokens=0, accepted_prefix=0, drafts=0)
+    metrics = Metrics(mode="ssr", cot_tokens=100, answer_tokens=20, accepted_prefix_tokens=5)
+    metrics.seconds["continuation"] = 1.5
+    stats.observe(metrics, draft_ids=list(range(10)), answer_ids=list(range(5)) + [50] * 15, known_ids=[])
+    assert stats.used_fraction == pytest.approx(0.5) and stats.accept_rate == pytest.approx(5 / 6)
+    assert stats.answer_s / stats.answer_count == pytest.approx(0.1)
+    assert stats.expected_cot(64) == 64 and stats.expected_answer() == 20
+
+
+def test_engine_costs_are_measured_once_then_rescaled(tmp_path, monkeypatch):
+    """The start-up probe is cached per engine setup; later starts only time a few steps."""
+    from ssr.costs import engine_costs
+    from ssr.engines.fake import FakeEngine
+
+    monkeypatch.setenv("SSR_CACHE", str(tmp_path))
+    engine = FakeEngine()
+    engine.cost_key = "fake-setup"
+    lines = []
+    first = engine_costs(engine, log=lines.append)
+    assert len(lines) == 1 and (tmp_path / "costs" / "fake-setup.json").is_file()
+    assert {1, 2} <= set(first.step_s) and {8, 32, 128} <= set(first.score_s)
+    calls = engine.calls["score"]
+    second = engine_costs(engine, log=lines.append)
+    assert len(lines) == 1 and engine.calls["score"] == calls  # no probe: steps only
+    assert "rescaled" in second.source
+    assert second.score_s[32] / second.step_s[1] == pytest.approx(first.score_s[32] / first.step_s[1])
+    assert engine.live_sequences() == 0

@@ -7,7 +7,7 @@ from dataclasses import asdict
 
 import pytest
 
-from ssr.bench.costs import Costs, gpu_preset, load_costs
+from ssr.costs import Costs, gpu_preset, load_costs
 from ssr.bench.simulate import anchor_to_ar, config_from_dict, replay, simulate, summarise_projection
 from ssr.config import ConfigError, GenerationConfig
 from ssr.decode import Generation
@@ -43,7 +43,7 @@ class SleepyEngine(FakeEngine):
 
 
 def bench_row(engine, prompt, mode, item, **overrides) -> dict:
-    options = dict(mode=mode, thinking_budget=40, draft_at=12, draft_tokens=30, max_tokens=60)
+    options = dict(mode=mode, thinking_budget=40, draft_at=12, draft_tokens=30, max_tokens=60, policy="fixed")
     options.update(overrides)
     generation = Generation(engine, FMT, GenerationConfig(**options), prompt)
     result = generation.run()
@@ -74,7 +74,7 @@ def test_replay_seconds_match_an_engine_with_known_costs(spans, adaptive):
     # engine calls long next to the loop's own Python time (which is not modelled)
     costs = Costs(step_s={1: 0.03, 2: 0.05, 4: 0.09}, score_s={8: 0.04, 32: 0.07, 128: 0.2, 512: 0.7},
                   prefill_token_s=0.001)
-    budgets = dict(thinking_budget=24, draft_at=8, draft_tokens=20, max_tokens=30, adaptive_spans=adaptive)
+    budgets = dict(thinking_budget=24, draft_at=8, draft_tokens=20, max_tokens=30, adaptive_spans=adaptive, policy="fixed")
     rows = []
     for mode in MODES:
         row = bench_row(SleepyEngine(costs), PROMPTS[0], mode, "0", **budgets)

@@ -5,7 +5,7 @@ from .config import GenerationConfig
 from .decode import Generation, Result
 from .engines import Engine, load_engine
 from .models import DEFAULT_MODEL
-from .policy import CostModel
+from .policy import CostModel, PolicyStats
 from .thinking import ThinkingFormat, build_messages, detect_format, render_chat, with_system
 
 
@@ -24,7 +24,20 @@ class SSR:
         self.template = template  # default thinking format for requests
         self.format(template)  # validate it now
         self._banned: dict[tuple[str, ...], list[int]] = {}
-        self.costs = CostModel()  # engine costs, learnt across requests
+        self._costs: CostModel | None = None  # engine costs, measured on first use (see costs)
+        self.stats = PolicyStats()  # what earlier requests showed, for the policy
+
+    @property
+    def costs(self) -> CostModel:
+        """The engine's cost table (measured once per engine setup, cached on disk, rescaled
+        to the machine's speed at start-up), corrected by every request's own calls."""
+        if self._costs is None:
+            import sys
+
+            from .costs import engine_costs
+
+            self._costs = CostModel(table=engine_costs(self.engine, log=lambda line: print(line, file=sys.stderr)))
+        return self._costs
 
     def format(self, template: str | None = None) -> ThinkingFormat:
         return detect_format(self.engine.chat_template, template or self.template)
@@ -50,7 +63,7 @@ class SSR:
         """A request ready to iterate (streaming); `.result` once iterated."""
         fmt = self.format(template)
         return Generation(self.engine, fmt, config, self.prompt_ids(prompt, template), self.banned_ids(fmt),
-                          costs=self.costs)
+                          costs=self.costs, stats=self.stats)
 
     def generate(self, prompt: str, config: GenerationConfig, template: str | None = None) -> Result:
         return self.start(prompt, config, template).run()

@@ -10,7 +10,7 @@ import json
 import os
 import sys
 
-from .config import MODES, VERIFY_MODES, ConfigError, GenerationConfig, SamplingParams
+from .config import MODES, POLICIES, VERIFY_MODES, ConfigError, GenerationConfig, SamplingParams
 from .models import DEFAULT_MODEL, REGISTRY
 from .engines import ENGINES
 from .thinking import TEMPLATE_CHOICES
@@ -123,10 +123,15 @@ def add_generation_arguments(parser: argparse.ArgumentParser, with_mode: bool = 
     parser.add_argument("--max-tokens", type=int, default=defaults.max_tokens, help="answer tokens at most")
     parser.add_argument("--thinking-budget", type=int, default=defaults.thinking_budget,
                         help="b_v: CoT tokens before the end of thinking is forced")
+    parser.add_argument("--policy", default=defaults.policy, choices=POLICIES,
+                        help="auto (default): draft only where measured costs say it pays, and choose b_d, m and "
+                             "the verify chunk (--json shows why); fixed: use --draft-at/--draft-tokens/--verify-chunk")
     parser.add_argument("--draft-at", type=int, default=defaults.draft_at,
-                        help="b_d: CoT tokens before the draft child forks")
+                        help="b_d: CoT tokens before the draft child forks (auto: until CoT lengths are known)")
     parser.add_argument("--draft-tokens", type=int, default=defaults.draft_tokens,
-                        help="m: answer tokens the draft may write")
+                        help="m: answer tokens the draft may write (auto: at most this)")
+    parser.add_argument("--draft-interval", type=int, default=defaults.draft_interval,
+                        help="i: multi-stage, a new bootstrapped draft every i CoT tokens after b_d (0: one stage)")
     parser.add_argument("--verify", default=defaults.verify, choices=VERIFY_MODES,
                         help="sampling: exact rejection sampling or approx (resample from target)")
     parser.add_argument("--verify-chunk", type=int, default=defaults.verify_chunk,
@@ -140,7 +145,7 @@ def generation_config(args: argparse.Namespace) -> GenerationConfig:
     return GenerationConfig(
         mode=getattr(args, "mode", "ar"), sampling=sampling, thinking_budget=args.thinking_budget,
         max_tokens=args.max_tokens, draft_at=args.draft_at, draft_tokens=args.draft_tokens,
-        verify=args.verify, verify_chunk=args.verify_chunk, adaptive_spans=not args.all_spans,
+        draft_interval=args.draft_interval, policy=args.policy, verify=args.verify, verify_chunk=args.verify_chunk, adaptive_spans=not args.all_spans,
     )
 
 
@@ -251,6 +256,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except ImportError as error:
         raise ConfigError(f"ssr serve needs the server extra: pip install 'ssr[server]' ({error})") from error
     model = load_model(args)
+    model.costs  # the policy's cost table: measured (or read from the cache) before the first request
     name = args.served_model_name or args.model
     app = create_app(model, name, args.max_queue, args.request_timeout, defaults, aliases=(args.model,))
     print(f"ssr: serving {name} on http://{args.host}:{args.port}/v1 (mode {defaults.mode})", file=sys.stderr)

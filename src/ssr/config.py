@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 MODES = ("ar", "ssr", "ssr-prefix", "ssr-suffix", "suffix", "pld")
 VERIFY_MODES = ("exact", "approx")
+POLICIES = ("auto", "fixed")
 
 
 class ConfigError(ValueError):
@@ -60,8 +61,10 @@ class GenerationConfig:
     sampling: SamplingParams = field(default_factory=SamplingParams)
     thinking_budget: int = 1024  # b_v: CoT tokens before the end of thinking is forced
     max_tokens: int = 1536  # answer tokens at most (forced answer prefix not counted)
-    draft_at: int = 64  # b_d: CoT tokens before the draft child forks
-    draft_tokens: int = 256  # m: answer tokens the draft child may write
+    draft_at: int = 64  # b_d: CoT tokens before the draft child forks (auto: until CoT lengths are known)
+    draft_tokens: int = 256  # m: answer tokens the draft child may write (auto: at most this)
+    draft_interval: int = 0  # i: CoT tokens between stages (forks at b_d, b_d + i, ...); 0 = one stage
+    policy: str = "auto"  # "auto": drafting decided from measured costs (policy.py); "fixed": as given
     verify: str = "exact"  # sampling only: "exact" rejection sampling or "approx" resampling
     suffix: SuffixParams = field(default_factory=SuffixParams)
     adaptive_spans: bool = True  # cut spans to what the measured engine costs make worth it
@@ -74,6 +77,8 @@ class GenerationConfig:
         _check(self.max_tokens >= 1, f"--max-tokens must be >= 1, got {self.max_tokens}")
         _check(self.draft_tokens >= 1, f"--draft-tokens must be >= 1, got {self.draft_tokens}")
         _check(self.draft_at >= 0, f"--draft-at must be >= 0, got {self.draft_at}")
+        _check(self.policy in POLICIES, f"--policy must be one of {', '.join(POLICIES)}, got {self.policy!r}")
+        _check(self.draft_interval >= 0, f"--draft-interval must be >= 0, got {self.draft_interval}")
         _check(self.verify_chunk >= 1, f"--verify-chunk must be >= 1, got {self.verify_chunk}")
         if self.uses_draft:
             _check(

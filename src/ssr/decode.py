@@ -2,26 +2,32 @@
 
 The request walks four stages:
   1. think    - the parent writes its CoT; at b_d a draft child forks, is forced
-                to end thinking and writes up to m answer tokens, batched with the parent
+                to end thinking and writes up to m answer tokens, batched with the parent;
+                multi-stage: at b2, b3, ... a new child forks, bootstrapped from the
+                previous draft (verified on the new child, kept up to the first mismatch)
   2. close    - the parent's CoT ends (its end marker, EOS or b_v); the end marker and
-                answer prefix are forced and the draft verified, in one score pass
+                answer prefix are forced and the latest draft verified (chunks, early exit)
   3. continue - a proposer (suffix tree over prompt, CoT and draft) guesses spans;
                 each span is verified in one pass, the longest match kept
   4. finish   - outstanding children released, metrics closed
+Whether and when children fork, how long they write and how the draft is verified is
+the policy's plan (policy.py: measured costs under `--policy auto`, the flags under
+`fixed`); it changes speed only, never tokens.
 Every sequence keeps one *pending* token: committed, not yet fed to the engine.
 """
 from __future__ import annotations
 
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
 from .config import ConfigError, GenerationConfig
+from .draft import Draft
 from .engines.base import Engine
 from .metrics import Metrics, StageClock
-from .policy import AcceptanceStats, CostModel, best_span_length
+from .policy import AcceptanceStats, CostModel, PolicyStats, best_span_length, plan_request
 from .proposers import PromptLookupProposer, Proposer, SuffixProposer
 from .sampling import sample, target_probs
 from .text import TextStream
@@ -34,15 +40,6 @@ class Chunk:
     channel: str  # "reasoning" or "answer"
     text: str
     token_ids: tuple[int, ...]
-
-
-@dataclass
-class Draft:
-    seq: int | None  # engine handle while the child is alive
-    token_ids: list[int] = field(default_factory=list)  # answer tokens written (EOS kept)
-    probs: list[np.ndarray] = field(default_factory=list)  # sampling: [vocab] per token
-    forked_at: int = 0  # CoT tokens the child saw
-    started_s: float = 0.0
 
 
 @dataclass
@@ -67,7 +64,7 @@ class Generation:
 
     def __init__(self, engine: Engine, fmt: ThinkingFormat, config: GenerationConfig,
                  prompt_ids: Sequence[int], banned_ids: Sequence[int] = (),
-                 costs: CostModel | None = None) -> None:
+                 costs: CostModel | None = None, stats: PolicyStats | None = None) -> None:
         if not prompt_ids:
             raise ConfigError("the prompt is empty")
         self.engine, self.fmt, self.config = engine, fmt, config
@@ -77,8 +74,10 @@ class Generation:
         self.answer_prefix_ids = engine.tokenize(fmt.answer_prefix)
         self.rng = np.random.default_rng(config.sampling.seed)
         self.costs = costs or CostModel()  # engine costs, learnt from this request's calls
+        self.stats = stats  # earlier requests (updated when this one ends), for the policy
+        self.plan = plan_request(config, self.costs, stats or PolicyStats())  # drafting: whether, when, how
         self.span_stats = AcceptanceStats()  # for proposers that give no probabilities
-        self.metrics = Metrics(mode=config.mode, prompt_tokens=len(prompt_ids))
+        self.metrics = Metrics(mode=config.mode, prompt_tokens=len(prompt_ids), policy=self.plan.as_dict())
         self.result: Result | None = None
         self._check_context()
 
@@ -102,10 +101,11 @@ class Generation:
             parent = self._own(self.engine.prefill(self.prompt_ids[:-1]))
             since = clock.add("prefill", 0.0)
             # 1. think (a draft child forks at b_d)
-            cot_ids, pending, cot_end, draft = yield from self._think(parent, self.prompt_ids[-1], clock)
+            cot_ids, pending, cot_end, drafts = yield from self._think(parent, self.prompt_ids[-1], clock)
             since = clock.add("cot", since)
-            # 2. close the CoT, verify the draft
-            proposer = self._make_proposer(cot_ids, draft)
+            # 2. close the CoT, verify the latest draft
+            draft = drafts[-1] if drafts else None
+            proposer = self._make_proposer(cot_ids, drafts)
             yield from self._close(parent, pending, cot_end, draft, proposer)
             self.metrics.first_answer_token_s = since = clock.add("verify", since)
             # 3. continue
@@ -118,32 +118,39 @@ class Generation:
         if tail:
             yield Chunk("answer", tail, ())
         self.metrics.total_s = clock.now()
+        self._close_metrics(drafts, cot_ids)
         self.result = Result(
             reasoning=self._reasoning_text.text.strip(),
             answer=self._answer_text.text.strip(),
             cot_ids=cot_ids, answer_ids=self.answer_ids,
-            draft_ids=draft.token_ids if draft else [], forced_ids=self._forced_ids,
+            draft_ids=drafts[-1].token_ids if drafts else [], forced_ids=self._forced_ids,
             metrics=self.metrics, trace=self._trace,
         )
 
     def _think(self, parent: int, pending: int, clock: StageClock):
-        """Stage 1: returns (cot_ids, pending token or None, how the CoT ended, draft)."""
+        """Stage 1: returns (cot_ids, pending token or None, how the CoT ended, drafts).
+        A child forks at each stage budget of the plan, bootstrapped from the previous
+        child's draft; only the latest child is alive (it rides in the parent's step)."""
         config, metrics = self.config, self.metrics
         self._reasoning_text = stream = TextStream(self.fmt.end, shown=self.fmt.steer)
         if self.fmt.steer:  # prefilled by the prompt, shown as the reasoning's start
             yield Chunk("reasoning", self.fmt.steer, ())
         cot_ids: list[int] = []
-        draft: Draft | None = None
+        drafts: list[Draft] = []  # one per stage, the latest last
+        stages = list(self.plan.stages) if self.plan.draft else []
         cot_end = "budget"
         while len(cot_ids) < config.thinking_budget:
-            if config.uses_draft and draft is None and len(cot_ids) == config.draft_at:
-                draft = self._fork_draft(parent, pending, len(cot_ids), clock)
+            if stages and len(cot_ids) == stages[0]:
+                stages.pop(0)
+                drafts.append(self._fork_draft(parent, pending, len(cot_ids), clock, drafts[-1] if drafts else None))
             batch = [(parent, pending)]
-            if draft is not None and draft.seq is not None:
-                batch.append((draft.seq, draft.token_ids[-1]))
+            child = drafts[-1] if drafts and drafts[-1].seq is not None else None
+            if child is not None:
+                batch.append((child.seq, child.token_ids[-1]))
             logits = self._step(batch)  # [len(batch), vocab]
-            if len(batch) == 2:
-                self._grow_draft(draft, logits[1], clock)
+            if child is not None:
+                child.written += 1
+                self._grow_draft(child, logits[1], clock)
             row = logits[0].copy()
             row[self.banned_ids] = -np.inf
             token = self._verdict([], row[None, :]).next_token
@@ -161,16 +168,15 @@ class Generation:
         tail = stream.flush()
         if tail:
             yield Chunk("reasoning", tail, ())
-        if draft is not None and draft.seq is not None:
-            self._finish_draft(draft, clock)
+        for draft in drafts:  # outstanding children end with the parent's CoT
+            if draft.seq is not None:
+                self._finish_draft(draft, clock)
         metrics.cot_tokens, metrics.cot_end = len(cot_ids), cot_end
-        return cot_ids, pending, cot_end, draft
+        return cot_ids, pending, cot_end, drafts
 
     def _close(self, parent: int, pending: int | None, cot_end: str, draft: Draft | None,
                proposer: Proposer | None) -> Iterator[Chunk]:
-        """Stage 2: force end marker + answer prefix and verify the draft, in chunks that
-        double while every draft token is accepted (the first chunk rides with the forced
-        tokens; an early mismatch wastes at most one chunk)."""
+        """Stage 2: force end marker + answer prefix and verify the latest draft."""
         forced = ([] if cot_end == "natural" else self.forced_end_ids) + self.answer_prefix_ids
         self._forced_ids = forced
         self.metrics.forced_tokens = len(forced)
@@ -178,21 +184,7 @@ class Generation:
         draft_ids: list[int] = []
         if draft is not None and self.config.verifies_draft_prefix:
             draft_ids = draft.token_ids[: self.config.max_tokens]
-        base = self.engine.length(parent)
-        chunk = self.config.verify_chunk
-        rows = self._score(parent, fed + draft_ids[:chunk])  # [len(fed) + chunk, vocab]
-        target = rows[len(fed) - 1 :]  # [chunk + 1, vocab]: row i predicts draft position i
-        num_accepted = 0
-        while True:
-            chunk_ids = draft_ids[num_accepted : num_accepted + len(target) - 1]
-            verdict = self._verdict(chunk_ids, target, self._draft_probs(draft, num_accepted, len(chunk_ids)))
-            num_accepted += verdict.num_accepted
-            if verdict.recovered or num_accepted == len(draft_ids):
-                break
-            chunk *= 2
-            rows = self._score(parent, draft_ids[num_accepted : num_accepted + chunk])
-            target = np.concatenate([target[-1:], rows])  # [chunk + 1, vocab]
-        self.engine.truncate(parent, base + len(fed) + num_accepted)
+        num_accepted, verdict, _ = self._verify_chunked(parent, fed, draft_ids, draft.probs if draft else [])
         if draft_ids:
             self.metrics.verify_passes += 1
             self.metrics.accepted_prefix_tokens = num_accepted
@@ -205,6 +197,36 @@ class Generation:
         if prefix:
             yield Chunk("answer", prefix, tuple(self.answer_prefix_ids))
         yield from self._commit(draft_ids[:num_accepted] + [verdict.next_token], proposer)
+
+    def _verify_chunked(self, seq: int, fed: list[int], draft_ids: list[int], draft_probs: list[np.ndarray],
+                        keep_rows: bool = False) -> tuple[int, Verdict, list[np.ndarray]]:
+        """Feed `fed`, then draft_ids in chunks that double while every token is accepted (the
+        first chunk rides with `fed`; an early mismatch wastes at most one chunk); seq keeps
+        fed + the accepted tokens. Returns (num_accepted, verdict, and with keep_rows the target
+        logits of positions 0 .. num_accepted)."""
+        base = self.engine.length(seq)
+        chunk = self.plan.verify_chunk
+        rows = self._score(seq, fed + draft_ids[:chunk])  # [len(fed) + chunk, vocab]
+        target = rows[len(fed) - 1 :]  # [chunk + 1, vocab]: row i predicts draft position i
+        kept: list[np.ndarray] = []
+        num_accepted = 0
+        while True:
+            chunk_ids = draft_ids[num_accepted : num_accepted + len(target) - 1]
+            probs = np.stack(draft_probs[num_accepted : num_accepted + len(chunk_ids)]) \
+                if draft_probs and chunk_ids else None  # [len(chunk_ids), vocab]
+            verdict = self._verdict(chunk_ids, target, probs)
+            num_accepted += verdict.num_accepted
+            if verdict.recovered or num_accepted == len(draft_ids):
+                break
+            if keep_rows:
+                kept.extend(target[:-1])
+            chunk *= 2
+            rows = self._score(seq, draft_ids[num_accepted : num_accepted + chunk])
+            target = np.concatenate([target[-1:], rows])  # [chunk + 1, vocab]
+        if keep_rows:
+            kept.extend(target[: verdict.num_accepted + 1])
+        self.engine.truncate(seq, base + len(fed) + num_accepted)
+        return num_accepted, verdict, kept
 
     def _continue(self, parent: int, proposer: Proposer | None) -> Iterator[Chunk]:
         """Stage 3: loop of
@@ -260,11 +282,6 @@ class Generation:
         self.costs.observe_score(len(token_ids), time.perf_counter() - start)
         return rows
 
-    def _draft_probs(self, draft: Draft | None, start: int, count: int) -> np.ndarray | None:
-        if draft is None or not draft.probs or count == 0:
-            return None
-        return np.stack(draft.probs[start : start + count])  # [count, vocab]
-
     def _commit(self, token_ids: list[int], proposer: Proposer | None) -> Iterator[Chunk]:
         """Append answer tokens up to EOS or max_tokens; sets metrics.stop when done."""
         committed = []
@@ -295,37 +312,70 @@ class Generation:
             target_probs(target_logits, sampling), self.rng, approx=self.config.verify == "approx",
         )
 
-    def _fork_draft(self, parent: int, pending: int, cot_len: int, clock: StageClock) -> Draft:
+    def _fork_draft(self, parent: int, pending: int, cot_len: int, clock: StageClock,
+                    previous: Draft | None) -> Draft:
+        """A child forked from the parent, the end of thinking forced. With a previous
+        stage's draft it is bootstrapped: that draft is verified on the child in chunks
+        (as the parent verifies at its end) and the child goes on from the accepted prefix."""
+        if previous is not None and previous.seq is not None:  # superseded: its tokens are all we need
+            self._finish_draft(previous, clock)
         draft = Draft(seq=self._own(self.engine.fork(parent)), forked_at=cot_len, started_s=clock.now())
-        rows = self._score(draft.seq, [pending] + self.forced_end_ids + self.answer_prefix_ids)
-        self._grow_draft(draft, rows[-1], clock)
+        fed = [pending] + self.forced_end_ids + self.answer_prefix_ids
+        if previous is None or not previous.token_ids:
+            rows = self._score(draft.seq, fed)
+            self._grow_draft(draft, rows[-1], clock)
+            return draft
+        old_ids = previous.token_ids[: self._draft_limit() - 1]  # room for the token after them
+        start = time.perf_counter()
+        num_accepted, verdict, rows = self._verify_chunked(draft.seq, fed, old_ids, previous.probs,
+                                                           keep_rows=not self.config.sampling.greedy)
+        draft.bootstrap_s = time.perf_counter() - start
+        draft.bootstrapped = num_accepted
+        draft.token_ids = old_ids[:num_accepted]
+        if rows:  # sampling: the new child's distribution q at every position it now holds
+            draft.probs = [target_probs(row, self.config.sampling) for row in rows[:num_accepted]]
+        if draft.token_ids and draft.token_ids[-1] in self.engine.eos_ids:  # the whole answer, EOS too
+            self._finish_draft(draft, clock)
+        else:
+            self._grow_draft(draft, rows[num_accepted] if rows else None, clock, token=verdict.next_token)
         return draft
 
-    def _grow_draft(self, draft: Draft, logits: np.ndarray, clock: StageClock) -> None:
-        """Choose the child's next token from its logits [vocab]; finish it at EOS or m."""
+    def _grow_draft(self, draft: Draft, logits: np.ndarray | None, clock: StageClock, token: int | None = None) -> None:
+        """Choose the child's next token from its logits [vocab] (or take `token`, chosen by a
+        bootstrap verdict from these logits); finish the child at EOS or m tokens."""
         sampling = self.config.sampling
-        if sampling.greedy:
-            token = int(np.argmax(logits))
-        else:
+        if not sampling.greedy:
             probs = target_probs(logits, sampling)  # the draft distribution q
-            token = sample(probs, self.rng)
             draft.probs.append(probs)
+            token = sample(probs, self.rng) if token is None else token
+        elif token is None:
+            token = int(np.argmax(logits))
         draft.token_ids.append(token)
-        limit = min(self.config.draft_tokens, self.config.max_tokens)
-        if token in self.engine.eos_ids or len(draft.token_ids) >= limit:
+        if token in self.engine.eos_ids or len(draft.token_ids) >= self._draft_limit():
             self._finish_draft(draft, clock)
+
+    def _draft_limit(self) -> int:
+        return min(self.plan.draft_tokens, self.config.max_tokens)
 
     def _finish_draft(self, draft: Draft, clock: StageClock) -> None:
         self._drop(draft.seq)
         draft.seq = None
-        self.metrics.draft_tokens = len(draft.token_ids)
-        self.metrics.seconds["draft"] = clock.now() - draft.started_s
+        draft.seconds = clock.now() - draft.started_s
+        self.metrics.seconds["draft"] += draft.seconds
 
-    def _make_proposer(self, cot_ids: list[int], draft: Draft | None) -> Proposer | None:
+    def _close_metrics(self, drafts: list[Draft], cot_ids: list[int]) -> None:
+        metrics = self.metrics
+        accepted = [later.bootstrapped for later in drafts[1:]] + [metrics.accepted_prefix_tokens]
+        metrics.stages = [draft.stage(kept) for draft, kept in zip(drafts, accepted)]
+        metrics.draft_tokens = len(drafts[-1].token_ids) if drafts else 0
+        if self.stats is not None:
+            self.stats.observe(metrics, drafts[-1].token_ids if drafts else [], self.answer_ids,
+                               self.prompt_ids + cot_ids)
+
+    def _make_proposer(self, cot_ids: list[int], drafts: list[Draft]) -> Proposer | None:
         kind = self.config.proposer
-        draft_seed = self.answer_prefix_ids + (draft.token_ids if draft else [])
         if kind == "suffix":
-            seeds = [self.prompt_ids, cot_ids] + ([draft_seed] if draft else [])
+            seeds = [self.prompt_ids, cot_ids] + [self.answer_prefix_ids + draft.token_ids for draft in drafts]
             return SuffixProposer(self.config.suffix, seeds)
         if kind == "pld":
             return PromptLookupProposer(self.prompt_ids + cot_ids)
@@ -343,8 +393,8 @@ class Generation:
         config = self.config
         need = (len(self.prompt_ids) + config.thinking_budget + len(self.forced_end_ids)
                 + len(self.answer_prefix_ids) + config.max_tokens + config.suffix.max_span + 1)
-        if config.uses_draft:
-            need += config.draft_tokens
+        if self.plan.draft:
+            need += self.plan.draft_tokens
         if need > self.engine.context_size:
             raise ConfigError(
                 f"prompt ({len(self.prompt_ids)} tokens) + thinking budget + max tokens"

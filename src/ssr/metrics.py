@@ -25,6 +25,10 @@ class Metrics:
     batched_steps: int = 0  # of those, steps that carried a draft child too
     # wall seconds per stage; "draft" is the child's lifetime, concurrent with "cot"
     seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(STAGES, 0.0))
+    # per draft child: forked_at, tokens, bootstrapped, written, accepted (by the next stage or
+    # the parent), seconds, bootstrap_s, seconds_without_bootstrap (estimated)
+    stages: list[dict] = field(default_factory=list)
+    policy: dict = field(default_factory=dict)  # the drafting plan and why (policy.Plan.as_dict)
     first_answer_token_s: float = 0.0  # from request start to the first answer token
     total_s: float = 0.0
 
@@ -38,6 +42,12 @@ class Metrics:
             f"cot {self.cot_tokens} tok ({self.cot_end}) {s['cot']:.2f}s",
             f"answer {self.answer_tokens} tok, first after {self.first_answer_token_s:.2f}s",
         ]
+        explain = self.policy.get("explain", {})
+        if explain.get("policy") == "auto" and not self.stages and self.mode in ("ssr", "ssr-prefix", "ssr-suffix"):
+            parts.append(f"policy: {explain.get('reason', '')}")
+        if len(self.stages) > 1:
+            parts.append(f"{len(self.stages)} stages, bootstrapped "
+                         f"{'/'.join(str(stage['bootstrapped']) for stage in self.stages[1:])}")
         if self.draft_tokens:
             parts.append(
                 f"draft {self.draft_tokens} tok {s['draft']:.2f}s, "

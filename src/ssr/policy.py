@@ -1,45 +1,78 @@
-"""How many proposed tokens are worth a verify pass, from measured engine costs.
+"""The cost-aware policy: what self-speculation is worth on this engine, from measured costs.
 
-On a GPU, scoring k tokens costs about one decode step, so long spans pay off; on
-a CPU every scored token costs a good fraction of a step, and a span that is
-mostly rejected makes the request slower than plain decoding. The cost model
-learns, from the engine calls the request makes anyway:
+A draft token is never free: batched with the parent it adds step(2) - step(1), and
+verifying it adds a scored token. On a GPU both are ~0; on a CPU a second sequence
+costs 0.4-1.3 steps. The policy predicts, per request, from
 
-    cost(n tokens fed to one sequence in one pass) = step_s + token_s * (n - 1)
+  - the engine's cost table (costs.engine_costs: measured once, cached, rescaled to the
+    machine's speed now; a drift factor learnt from every call of every request), and
+  - statistics of earlier requests (CoT and answer lengths, how many draft tokens ended up
+    used: accepted as the answer's prefix, or found again in the answer by suffix decoding),
 
-and a span is cut to the length k that maximises the expected tokens gained per
-second, (1 + expected accepted(k)) / cost(k + 1), or dropped (k = 0, a plain
-step) when nothing beats 1 / step_s.
+whether a draft child pays at all, when it forks (b_d) and how long it writes (m), how the
+draft is verified (first chunk, doubling while all match) and how long each suffix span is
+(expected tokens gained per second, from the per-length score cost). `Plan.explain` holds
+the choice and the predicted seconds behind it (`--json` prints it).
 """
 from __future__ import annotations
 
+import statistics
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field
+
+from .config import GenerationConfig
+from .costs import Costs
+
+SEED_NGRAM = 4  # answer tokens count as found in the draft when this n-gram ending at them is there
 
 
 @dataclass
 class CostModel:
-    step_s: float = 0.05  # one token for one sequence
-    token_s: float = 0.02  # each further token in the same pass
+    """Seconds per engine call. With a measured `table`: the table times a drift factor
+    learnt from observed calls; without: a line learnt online, step_s + token_s * (n - 1)."""
+
+    step_s: float = 0.05  # no table: one token for one sequence
+    token_s: float = 0.02  # no table: each further token in the same pass
     smoothing: float = 0.2  # weight of a new observation
+    table: Costs | None = None  # measured step / score costs per size
+    drift: float = 1.0  # observed / table, smoothed
 
     def observe_step(self, seconds: float) -> None:
-        self.step_s += self.smoothing * (seconds - self.step_s)
+        if self.table is not None:
+            self._observe_ratio(seconds / max(self.table.step(1), 1e-9))
+        else:
+            self.step_s += self.smoothing * (seconds - self.step_s)
 
     def observe_score(self, num_tokens: int, seconds: float) -> None:
-        if num_tokens >= 2:
+        if self.table is not None:
+            self._observe_ratio(seconds / max(self.table.score(num_tokens), 1e-9))
+        elif num_tokens >= 2:
             per_token = max(0.0, (seconds - self.step_s) / (num_tokens - 1))
             self.token_s += self.smoothing * (per_token - self.token_s)
 
+    def _observe_ratio(self, ratio: float) -> None:
+        ratio = min(max(ratio, 0.2), 5.0)  # one stall must not swing the model
+        self.drift += self.smoothing * (ratio - self.drift)
+
     def cost(self, num_tokens: int) -> float:
+        """num_tokens fed to one sequence in one pass."""
+        if self.table is not None:
+            return self.drift * (self.table.step(1) if num_tokens <= 1 else self.table.score(num_tokens))
         return self.step_s + self.token_s * max(0, num_tokens - 1)
+
+    def step(self, num_sequences: int) -> float:
+        """One token for each of num_sequences in one pass (no table: no batching gain)."""
+        if self.table is not None:
+            return self.drift * self.table.step(num_sequences)
+        return self.step_s * num_sequences
 
 
 def best_span_length(accept_probs: Sequence[float], costs: CostModel) -> int:
     """Length of the span prefix to verify; 0 means decode one token plainly.
 
     accept_probs[i]: estimated probability that the first i + 1 proposed tokens
-    are all accepted (non-increasing).
+    are all accepted (non-increasing). Maximises expected tokens per second,
+    (1 + expected accepted(k)) / cost(k + 1).
     """
     best_len, best_rate = 0, 1.0 / costs.cost(1)
     expected = 0.0
@@ -66,3 +99,169 @@ class AcceptanceStats:
     def probs(self, length: int) -> list[float]:
         rate = self.accepted / self.proposed
         return [rate ** (i + 1) for i in range(length)]
+
+
+@dataclass
+class PolicyStats:
+    """What earlier requests showed; the priors stand for one typical request (qwen2.5-coder
+    on ClassEval, docs/results-issue3.md) and weigh as much as one observed request."""
+
+    cot_tokens: list[int] = field(default_factory=list)  # CoT length of each request
+    answer_tokens: list[int] = field(default_factory=list)  # answer length of each request
+    draft_tokens: float = 60.0  # draft tokens written (prior: one draft ...)
+    used_tokens: float = 30.0  # ... of which used: accepted prefix + found again by suffix decoding
+    accepted_prefix: float = 30.0  # accepted prefix tokens, summed (prior: one draft)
+    drafts: float = 1.0  # drafts verified
+    answer_s: float = 0.0  # continuation seconds, summed (requests continued by suffix decoding)
+    answer_count: int = 0  # continuation answer tokens, summed (same requests)
+    window: int = 32  # requests kept for the length medians
+
+    def observe(self, metrics, draft_ids: Sequence[int], answer_ids: Sequence[int],
+                known_ids: Sequence[int]) -> None:
+        """After a request: its metrics, final draft, answer, and prompt + CoT (known_ids)."""
+        self.cot_tokens = (self.cot_tokens + [metrics.cot_tokens])[-self.window :]
+        self.answer_tokens = (self.answer_tokens + [metrics.answer_tokens])[-self.window :]
+        continued = metrics.answer_tokens - metrics.accepted_prefix_tokens
+        if continued > 0 and metrics.mode in ("ssr", "ssr-suffix", "suffix"):
+            self.answer_s += metrics.seconds["continuation"]
+            self.answer_count += continued
+        if draft_ids:
+            accepted = metrics.accepted_prefix_tokens
+            self.drafts += 1
+            self.draft_tokens += len(draft_ids)
+            self.accepted_prefix += accepted
+            self.used_tokens += accepted + found_in_draft(answer_ids[accepted:], draft_ids[accepted:], known_ids)
+
+    def expected_cot(self, budget: int) -> int | None:
+        return min(budget, int(statistics.median(self.cot_tokens))) if self.cot_tokens else None
+
+    def expected_answer(self) -> int | None:
+        return int(statistics.median(self.answer_tokens)) if self.answer_tokens else None
+
+    @property
+    def used_fraction(self) -> float:
+        return self.used_tokens / max(self.draft_tokens, 1.0)
+
+    @property
+    def accept_rate(self) -> float:
+        """Per-token probability that a draft token matches, given all before it did
+        (geometric: mean accepted prefix = rate / (1 - rate))."""
+        mean = self.accepted_prefix / max(self.drafts, 1.0)
+        return mean / (mean + 1.0)
+
+
+def found_in_draft(answer_ids: Sequence[int], draft_ids: Sequence[int], known_ids: Sequence[int]) -> int:
+    """Answer tokens whose SEED_NGRAM-gram (ending at them) occurs in the draft but not in
+    the prompt + CoT: what the draft adds to the suffix tree."""
+    def grams(ids: Sequence[int]) -> set[tuple[int, ...]]:
+        return {tuple(ids[i : i + SEED_NGRAM]) for i in range(len(ids) - SEED_NGRAM + 1)}
+
+    in_draft, known = grams(draft_ids), grams(known_ids)
+    found = 0
+    for end in range(SEED_NGRAM, len(answer_ids) + 1):
+        gram = tuple(answer_ids[end - SEED_NGRAM : end])
+        found += gram in in_draft and gram not in known
+    return found
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What a request does about drafting, and why."""
+
+    draft: bool  # fork draft children at all
+    stages: tuple[int, ...]  # CoT tokens at which children fork (b1 < b2 < ...)
+    draft_tokens: int  # m: answer tokens each child writes at most
+    verify_chunk: int  # draft tokens in the first verify pass (doubling while all match)
+    explain: dict = field(default_factory=dict, compare=False)  # the choice and its predicted seconds
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def stage_budgets(first: int, interval: int, budget: int) -> tuple[int, ...]:
+    """b1, b1 + i, b1 + 2i, ... below the thinking budget (one stage when interval is 0)."""
+    if first >= budget:
+        return ()
+    if interval <= 0:
+        return (first,)
+    return tuple(range(first, budget, interval))
+
+
+def fixed_plan(config: GenerationConfig) -> Plan:
+    """The flags as given (--policy fixed), and the plan of modes that never draft."""
+    if not config.uses_draft:
+        return Plan(draft=False, stages=(), draft_tokens=config.draft_tokens, verify_chunk=config.verify_chunk,
+                    explain={"policy": config.policy, "reason": f"mode {config.mode} forks no draft child"})
+    stages = stage_budgets(config.draft_at, config.draft_interval, config.thinking_budget)
+    return Plan(draft=bool(stages), stages=stages, draft_tokens=config.draft_tokens,
+                verify_chunk=config.verify_chunk,
+                explain={"policy": "fixed", "reason": "--policy fixed: the budgets as given"})
+
+
+def plan_request(config: GenerationConfig, costs: CostModel, stats: PolicyStats) -> Plan:
+    """`--policy auto`: the request's drafting plan from predicted seconds."""
+    if config.policy == "fixed" or not config.uses_draft:
+        return fixed_plan(config)
+    # 1. how long the draft would be: the typical answer, at most --draft-tokens
+    expected_answer = stats.expected_answer()
+    draft_tokens = min(config.draft_tokens, max(16, expected_answer or config.draft_tokens))
+    if config.max_tokens < draft_tokens:
+        draft_tokens = config.max_tokens
+    # 2. what a draft token costs and what a used one saves (seconds)
+    batched_s = max(0.0, costs.step(2) - costs.step(1))  # the child riding in the parent's step
+    scored_s = max(0.0, (costs.cost(draft_tokens + 1) - costs.cost(1)) / draft_tokens)  # verifying it
+    answer_s = stats.answer_s / stats.answer_count if stats.answer_count else costs.step(1)
+    saved_s = max(0.0, answer_s - scored_s)  # a used token: scored instead of decoded
+    used = stats.used_fraction
+    chunk = best_verify_chunk(draft_tokens, stats.accept_rate, costs)
+    waste_s = expected_verify_s(draft_tokens, chunk, stats.accept_rate, costs) - \
+        min(stats.accept_rate / (1 - stats.accept_rate), draft_tokens) * scored_s  # passes over rejected tokens
+    fork_s = costs.cost(4)  # forcing the end marker on the child
+    gain_s = draft_tokens * (used * saved_s - batched_s) - max(0.0, waste_s) - fork_s
+    explain = {
+        "policy": "auto",
+        "run": "batched" if gain_s > 0 else "none",
+        "predicted_s": {"step_1": costs.step(1), "step_2": costs.step(2), "per_draft_token_batched": batched_s,
+                        "per_draft_token_verified": scored_s, "per_answer_token_without_draft": answer_s,
+                        "verify_waste": max(0.0, waste_s), "fork": fork_s, "net_gain_per_draft": gain_s},
+        "used_fraction": used, "accept_rate": stats.accept_rate,
+    }
+    if gain_s <= 0:
+        explain["reason"] = (
+            f"no draft: a draft token costs {batched_s * 1e3:.1f} ms batched, a used one saves "
+            f"{saved_s * 1e3:.1f} ms and {used:.0%} are used -> {gain_s:+.2f} s per draft; "
+            "suffix decoding from prompt + CoT only")
+        return Plan(draft=False, stages=(), draft_tokens=draft_tokens, verify_chunk=chunk, explain=explain)
+    # 3. when: late enough to see most of the CoT, early enough to finish m tokens before it ends
+    expected_cot = stats.expected_cot(config.thinking_budget)
+    if expected_cot is None:
+        first = config.draft_at
+    else:
+        first = max(expected_cot // 4, expected_cot - draft_tokens)
+    first = min(first, config.thinking_budget - 1)
+    stages = stage_budgets(first, config.draft_interval, config.thinking_budget)
+    explain["expected_cot_tokens"] = expected_cot
+    explain["reason"] = (
+        f"draft: {gain_s:+.2f} s per draft predicted ({used:.0%} of {draft_tokens} tokens used, "
+        f"{batched_s * 1e3:.1f} ms each batched); forks at {list(stages)}")
+    return Plan(draft=True, stages=stages, draft_tokens=draft_tokens, verify_chunk=chunk, explain=explain)
+
+
+def expected_verify_s(num_tokens: int, first_chunk: int, accept_rate: float, costs: CostModel) -> float:
+    """Expected seconds to verify a draft of num_tokens in chunks (first_chunk, doubling
+    while every token matches), each token matching with accept_rate given its prefix did."""
+    seconds, scored, chunk, reach = 0.0, 0, first_chunk, 1.0
+    while scored < num_tokens and reach > 1e-6:
+        size = min(chunk, num_tokens - scored)
+        seconds += reach * (costs.cost(size + 1) - (costs.cost(1) if scored == 0 else 0.0))
+        scored += size
+        reach = accept_rate ** scored  # probability the next chunk is needed
+        chunk *= 2
+    return seconds
+
+
+def best_verify_chunk(num_tokens: int, accept_rate: float, costs: CostModel) -> int:
+    """First chunk (a power of two, or the whole draft) with the least expected verify time;
+    on a GPU one pass over everything, on a CPU small chunks that stop at the first mismatch."""
+    candidates = sorted({min(1 << k, num_tokens) for k in range(3, 10)} | {num_tokens})
+    return min(candidates, key=lambda chunk: (expected_verify_s(num_tokens, chunk, accept_rate, costs), -chunk))

@@ -10,7 +10,8 @@ from pathlib import Path
 
 from ..config import MODES, ConfigError, GenerationConfig
 from ..engines import ENGINES
-from .report import attach_quality, format_table, load_rows, summarise, write_report
+from .report import (attach_quality, drafting_table, format_drafting, format_table, load_rows, summarise,
+                     write_report)
 
 
 def make_scorer(data_dir: Path | None):
@@ -69,10 +70,14 @@ def cmd_bench(args: argparse.Namespace, config: GenerationConfig, model_loader) 
             rows = load_rows([out])
         if rows:
             note = (f"Model `{args.model}` on {', '.join(engines)}; {len({(r['suite'], r['item']) for r in rows})} items; "
-                    f"config: b_v={config.thinking_budget}, b_d={config.draft_at}, m={config.draft_tokens}, "
+                    f"config: policy {config.policy}, b_v={config.thinking_budget}, b_d={config.draft_at}, "
+                    f"m={config.draft_tokens}, i={config.draft_interval}, "
                     f"max answer tokens={config.max_tokens}, temperature={config.sampling.temperature}.")
             report = build_report(rows, out_dir, data_dir, note) if not args.no_quality else None
             print(format_table(summarise(rows)))
+            drafting = drafting_table(rows)
+            if drafting:
+                print(format_drafting(drafting))
             print(f"rows: {out}" + (f"\nreport: {report}" if report else ""), file=sys.stderr)
     return 0
 
@@ -102,7 +107,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 def cmd_calibrate(args: argparse.Namespace, model_loader) -> int:
     from tqdm import tqdm
 
-    from .costs import SCORE_SIZES, STEP_SIZES, calibrate
+    from ..costs import SCORE_SIZES, STEP_SIZES, calibrate
 
     if args.repeats < 1:
         raise ConfigError(f"--repeats must be >= 1, got {args.repeats}")
@@ -125,7 +130,7 @@ def cmd_calibrate(args: argparse.Namespace, model_loader) -> int:
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
-    from .costs import load_costs
+    from ..costs import load_costs
     from .simulate import anchor_to_ar, format_projection, simulate, summarise_projection
 
     costs = load_costs(args.cost_model)

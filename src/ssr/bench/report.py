@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import statistics
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
@@ -139,6 +139,46 @@ def render_table(columns: list[str], lines: list[list[str]], markdown: bool = Fa
     return "\n".join([render(columns), "-" * (sum(widths) + 2 * len(widths))] + [render(line) for line in lines])
 
 
+def drafting_table(rows: list[dict]) -> list[dict]:
+    """Per (suite, mode) that drafts: how often the policy drafted, the stages, what
+    bootstrapping took over and the draft-child seconds it saved (estimated per stage as
+    its bootstrapped tokens at the child's own seconds per written token)."""
+    groups: dict[tuple[str, str], list[dict]] = defaultdict(list)
+    for row in rows:
+        if "policy" in row["metrics"] and row["mode"] in ("ssr", "ssr-prefix", "ssr-suffix"):
+            groups[(group_name(row), row["mode"])].append(row["metrics"])
+    table = []
+    for (suite, mode), metrics in sorted(groups.items()):
+        stages = [stage for m in metrics for stage in m["stages"]]
+        later = [stage for m in metrics for stage in m["stages"][1:]]
+        child_s = sum(stage["seconds"] for stage in stages)
+        without_s = sum(stage["seconds_without_bootstrap"] for stage in stages)
+        reasons = Counter(m["policy"]["explain"].get("reason", "").split(":")[0] for m in metrics)
+        table.append({
+            "suite": suite, "mode": mode, "runs": len(metrics),
+            "drafted": sum(bool(m["stages"]) for m in metrics),
+            "stages": statistics.mean(len(m["stages"]) for m in metrics),
+            "draft_tokens": statistics.mean(m["draft_tokens"] for m in metrics),
+            "bootstrapped": statistics.mean(stage["bootstrapped"] for stage in later) if later else None,
+            "stage_accepted": [statistics.mean(m["stages"][i]["accepted"] for m in metrics if len(m["stages"]) > i)
+                               for i in range(max((len(m["stages"]) for m in metrics), default=0))],
+            "child_s": child_s, "saved_fraction": 1 - child_s / without_s if without_s > 0 else None,
+            "reasons": dict(reasons),
+        })
+    return table
+
+
+def format_drafting(table: list[dict], markdown: bool = False) -> str:
+    columns = ["suite", "mode", "runs", "drafted", "stages", "draft tok", "bootstrapped",
+               "accepted per stage", "child s", "child s saved", "policy"]
+    lines = [[t["suite"], t["mode"], str(t["runs"]), str(t["drafted"]), _fmt(t["stages"], 1),
+              _fmt(t["draft_tokens"], 1), _fmt(t["bootstrapped"], 1),
+              " / ".join(f"{a:.0f}" for a in t["stage_accepted"][:6]) or "-", _fmt(t["child_s"], 1),
+              "-" if t["saved_fraction"] is None else f"{t['saved_fraction']:.1%}",
+              ", ".join(f"{k} x{v}" for k, v in t["reasons"].items())] for t in table]
+    return render_table(columns, lines, markdown)
+
+
 def write_report(rows: list[dict], out_dir: Path, config_note: str = "", extra: str = "") -> Path:
     """report.md (one table per suite, then `extra`), stages.png and ratios.png."""
     table = summarise(rows)
@@ -155,6 +195,13 @@ def write_report(rows: list[dict], out_dir: Path, config_note: str = "", extra: 
                         if group_name(r) == suite and r.get("quality") and r["quality"].get("note")})
         if notes:
             parts += ["Environment-dependent items (scored, marked): " + "; ".join(notes), ""]
+    drafting = drafting_table(rows)
+    if drafting:
+        parts += ["## Drafting (policy, stages, bootstrapping)", "",
+                  "drafted: requests that forked a child; accepted per stage: tokens of stage k's draft kept "
+                  "by stage k+1's bootstrap (the last: by the parent's verify); child s saved: draft-child seconds "
+                  "bootstrapping saved vs decoding the taken-over tokens.", "",
+                  format_drafting(drafting, markdown=True), ""]
     plots = _plots(table, out_dir)
     parts += [f"![{name}]({name})" for name in plots] + ([""] if plots else [])
     if extra:

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, replace
 from ..config import GenerationConfig, SamplingParams, SuffixParams
 from ..policy import AcceptanceStats, CostModel, best_span_length
 from ..proposers import PromptLookupProposer, SuffixProposer
-from .costs import Costs
+from ..costs import Costs
 from .report import group_name, render_table
 
 EOS = -1  # stands for whichever end-of-sequence token the model wrote
@@ -71,14 +71,7 @@ def replay(row: dict, costs: Costs, config: GenerationConfig, answer_prefix_ids:
     # 1. think: one step per CoT token (and one more for an EOS); 2 sequences while the child lives
     #    (costs are linear in the cached length, so the mean context prices a whole stage)
     cot_steps = len(cot_ids) + (cot_end == "eos")
-    draft_ids = row["draft_ids"] if config.uses_draft and config.draft_at < cot_steps else []
-    batched = max(0, len(draft_ids) - 1)
-    thinking = prompt_len + cot_steps // 2
-    out.seconds["cot"] = (cot_steps - batched) * costs.step(1, thinking) + batched * costs.step(2, thinking)
-    if draft_ids:
-        fork_at = prompt_len + config.draft_at
-        out.seconds["cot"] += costs.score(1 + forced_end_len + len(answer_prefix_ids), fork_at)  # the fork
-        out.seconds["draft"] = batched * costs.step(2, fork_at + len(draft_ids) // 2)
+    config, draft_ids = _think(out, row, costs, config, cot_steps, forced_end_len + len(answer_prefix_ids))
 
     # 2. close: forced tokens, then the draft in chunks that double while all match
     fed = (0 if cot_end == "eos" else 1) + len(forced)
@@ -107,6 +100,28 @@ def replay(row: dict, costs: Costs, config: GenerationConfig, answer_prefix_ids:
     out.seconds["continuation"], out.suffix_accepted_tokens, out.answer_tokens = _policy_continuation(
         proposer, costs, config, target, answer_prefix_ids, num_accepted, closed + len(forced))
     return out
+
+
+def _think(out: Replay, row: dict, costs: Costs, config: GenerationConfig, cot_steps: int,
+           forced_len: int) -> tuple[GenerationConfig, list[int]]:
+    """Stage 1's seconds into `out`: (config with the row's verify chunk, the draft verified)."""
+    prompt_len = len(row["prompt_ids"])
+    stages = row["metrics"].get("stages")  # every fork, in rows written since the policy (else None)
+    if "policy" in row["metrics"]:
+        config = replace(config, verify_chunk=row["metrics"]["policy"]["verify_chunk"])
+    if stages is None:  # older rows: one stage at the configured b_d
+        drafted = config.uses_draft and config.draft_at < cot_steps
+        stages = [{"forked_at": config.draft_at, "written": max(0, len(row["draft_ids"]) - 1)}] if drafted else []
+    draft_ids = row["draft_ids"] if stages else []
+    batched = sum(stage["written"] for stage in stages)
+    thinking = prompt_len + cot_steps // 2
+    out.seconds["cot"] = (cot_steps - batched) * costs.step(1, thinking) + batched * costs.step(2, thinking)
+    for index, stage in enumerate(stages):  # each fork: forced end, and the previous draft re-verified
+        fork_at = prompt_len + stage["forked_at"]
+        rechecked = 0 if index == 0 else min(stages[index - 1]["tokens"], stage["bootstrapped"] + config.verify_chunk)
+        out.seconds["cot"] += costs.score(1 + forced_len + rechecked, fork_at)
+        out.seconds["draft"] += stage["written"] * costs.step(2, fork_at + stage["written"] // 2)
+    return config, draft_ids
 
 
 def _policy_continuation(proposer, costs: Costs, config: GenerationConfig, target: list[int],

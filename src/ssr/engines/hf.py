@@ -183,6 +183,8 @@ class TransformersEngine(SequenceSlots):
         self._pad_id = self._tokenizer.pad_token_id or 0  # fed as throw-away queries
         self._byte_decoder = self._byte_level_decoder()
         self._special_ids = set(self._tokenizer.all_special_ids) | set(self._tokenizer.added_tokens_decoder)
+        # names this setup for the cached cost table (see costs.engine_costs)
+        self.cost_key = f"transformers-{self.name}-{self.device}-{dtype}-{self.threads}t"
         self._cache = _slot_cache_class()(max_sequences, CAPACITY_BLOCK)
         SequenceSlots.__init__(self, max_sequences)  # a sequence is its slot in the KV buffers
 

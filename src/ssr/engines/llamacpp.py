@@ -91,6 +91,8 @@ class LlamaCppEngine(SequenceSlots):
         self.add_bos = bool(lib.llama_vocab_get_add_bos(self._vocab))
         self.bos_text = self.token_bytes(lib.llama_vocab_bos(self._vocab)).decode("utf-8", "replace")
         self.eos_text = self.token_bytes(lib.llama_vocab_eos(self._vocab)).decode("utf-8", "replace")
+        # names this setup for the cached cost table (see costs.engine_costs)
+        self.cost_key = f"llama.cpp-{self.name}-{self.model_path.stat().st_size}-{threads}t-{max_sequences}seq"
         SequenceSlots.__init__(self, max_sequences)  # handles are llama.cpp sequence ids
 
     # -- text -----------------------------------------------------------------------------

@@ -17,7 +17,7 @@ from ..config import MODES, ConfigError, GenerationConfig, SamplingParams
 
 ROLES = ("system", "user", "assistant")
 SSR_OPTIONS = {"mode": str, "thinking_budget": int, "draft_at": int, "draft_tokens": int, "verify": str,
-               "verify_chunk": int, "template": str}
+               "verify_chunk": int, "template": str, "draft_interval": int, "policy": str}
 
 
 class ApiError(Exception):
@@ -151,6 +151,8 @@ def parse_request(body: dict, kind: str, served: set[str], defaults: GenerationC
             draft_tokens=options.get("draft_tokens", defaults.draft_tokens),
             verify=options.get("verify", defaults.verify),
             verify_chunk=options.get("verify_chunk", defaults.verify_chunk),
+            draft_interval=options.get("draft_interval", defaults.draft_interval),
+            policy=options.get("policy", defaults.policy),
         )
     except ConfigError as error:  # the CLI's messages name flags; here they name fields
         raise ApiError(400, field_message(error)) from error

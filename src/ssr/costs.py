@@ -24,7 +24,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from ..config import ConfigError
+from .config import ConfigError
 
 SCORE_SIZES = (8, 32, 128, 512)
 STEP_SIZES = (1, 2, 4)
@@ -134,9 +134,73 @@ def calibrate(engine, repeats: int = 5, context_tokens: int = 1024, progress=Non
                  prefill_context_s=max(0.0, 2 * (prefill_long - prefill_s) / grown))
 
 
+QUICK_CONTEXT = 128  # tokens cached for the start-up probe
+
+
+def engine_costs(engine, log=None) -> Costs:
+    """The engine's cost table for the policy: a quick probe (step 1 and 2 sequences, score
+    8/32/128 at a short context) measured once per engine setup and cached on disk when the
+    engine names its setup (`cost_key`); a cached table is refreshed by timing a few steps,
+    which scales it to the machine's speed now."""
+    from .models import cache_dir
+
+    key = getattr(engine, "cost_key", None)
+    path = cache_dir() / "costs" / f"{key}.json" if key else None
+    if path is not None and path.is_file():
+        try:
+            cached = Costs.from_dict(json.loads(path.read_text(encoding="utf-8")))
+            return _rescaled(cached, _step_seconds(engine))
+        except (OSError, ValueError, ConfigError):
+            pass  # unreadable: measure again
+    if log is not None:
+        log(f"measuring engine costs once for {key or 'this engine'} (a few seconds)")
+    prefill_s, step_s, score_s = _probe(engine, QUICK_CONTEXT, 3, (1, 2), (8, 32, 128), lambda: None)
+    if 2 not in step_s:
+        step_s[2] = 2 * step_s[1]
+    costs = Costs(step_s=step_s, score_s=score_s, prefill_token_s=prefill_s, context_tokens=QUICK_CONTEXT,
+                  source="quick probe at start-up", meta={"date": time.strftime("%Y-%m-%d %H:%M"), "key": key})
+    if path is not None:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(costs.to_json(), encoding="utf-8")
+        except OSError:
+            pass  # a read-only cache only costs the probe next time
+    return costs
+
+
+def _filler(engine, count: int) -> list[int]:
+    """Ordinary tokens to fill a context (the content does not matter to the timing)."""
+    start = min(1000, engine.vocab_size // 2)
+    return [start + i % (engine.vocab_size - start) for i in range(count)]
+
+
+def _step_seconds(engine, steps: int = 4) -> float:
+    """Median seconds of a one-sequence step at the quick probe's context."""
+    filler = _filler(engine, QUICK_CONTEXT)
+    seq = engine.prefill(filler)
+    try:
+        times = []
+        for _ in range(steps + 1):  # the first call warms up
+            start = time.perf_counter()
+            engine.step([(seq, filler[0])])
+            times.append(time.perf_counter() - start)
+    finally:
+        engine.release(seq)
+    return statistics.median(times[1:])
+
+
+def _rescaled(costs: Costs, step_s: float) -> Costs:
+    """costs with every time scaled so that a one-sequence step takes step_s."""
+    scale = step_s / costs.step_s[1] if costs.step_s[1] > 0 else 1.0
+    return Costs(step_s={k: v * scale for k, v in costs.step_s.items()},
+                 score_s={k: v * scale for k, v in costs.score_s.items()},
+                 prefill_token_s=costs.prefill_token_s * scale, source=costs.source + f", rescaled x{scale:.2f}",
+                 meta=costs.meta, context_tokens=costs.context_tokens)
+
+
 def _probe(engine, context_tokens: int, repeats: int, step_sizes, score_sizes, tick):
     """(prefill seconds per token, {sequences: step s}, {tokens: score s}) at this context."""
-    filler = list(range(1000, 1000 + context_tokens))  # ordinary tokens; the content does not matter
+    filler = _filler(engine, context_tokens)
     parent = engine.prefill(filler)
     prefill_s = []
     for _ in range(max(1, repeats // 2)):
@@ -152,7 +216,7 @@ def _probe(engine, context_tokens: int, repeats: int, step_sizes, score_sizes, t
         times = []
         for _ in range(repeats + 1):  # the first call warms up
             start = time.perf_counter()
-            engine.step([(seq, 1000) for seq in seqs])
+            engine.step([(seq, filler[0]) for seq in seqs])
             times.append(time.perf_counter() - start)
         step_s[size] = statistics.median(times[1:])
         for seq in seqs:
