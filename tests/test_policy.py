@@ -153,3 +153,17 @@ def test_engine_costs_are_measured_once_then_rescaled(tmp_path, monkeypatch):
     assert "rescaled" in second.source
     assert second.score_s[32] / second.step_s[1] == pytest.approx(first.score_s[32] / first.step_s[1])
     assert engine.live_sequences() == 0
+
+
+def test_span_calibration_scales_overconfident_estimates():
+    from ssr.policy import SpanCalibration
+
+    calibration = SpanCalibration(expected=0.0, accepted=0.0)
+    for _ in range(10):
+        calibration.observe([0.9, 0.8], num_accepted=0)  # expected 1.7 tokens, got none
+        calibration.observe([1.0], num_accepted=1)
+    assert calibration.scale([1.0, 0.5]) == pytest.approx([10 / 27, 5 / 27])
+    # a confident, short CPU-priced span is now dropped
+    assert best_span_length(calibration.scale([0.95]), CPU_LIKE) == 0
+    assert best_span_length([0.95], CPU_LIKE) == 1
+    assert SpanCalibration(expected=1.0, accepted=5.0).scale([0.5]) == [0.5]  # never raised

@@ -27,7 +27,7 @@ from .config import ConfigError, GenerationConfig
 from .draft import Draft
 from .engines.base import Engine
 from .metrics import Metrics, StageClock
-from .policy import AcceptanceStats, CostModel, PolicyStats, best_span_length, plan_request
+from .policy import AcceptanceStats, CostModel, PolicyStats, SpanCalibration, best_span_length, plan_request
 from .proposers import PromptLookupProposer, Proposer, SuffixProposer
 from .sampling import sample, target_probs
 from .text import TextStream
@@ -77,6 +77,8 @@ class Generation:
         self.stats = stats  # earlier requests (updated when this one ends), for the policy
         self.plan = plan_request(config, self.costs, stats or PolicyStats())  # drafting: whether, when, how
         self.span_stats = AcceptanceStats()  # for proposers that give no probabilities
+        self.span_calibration = SpanCalibration()  # for proposers that do (suffix tree)
+        self._span_probs: list[float] = []  # estimated acceptance of the span being verified
         self.metrics = Metrics(mode=config.mode, prompt_tokens=len(prompt_ids), policy=self.plan.as_dict())
         self.result: Result | None = None
         self._check_context()
@@ -250,6 +252,7 @@ class Generation:
             metrics.suffix_proposed_tokens += len(span)
             metrics.suffix_accepted_tokens += verdict.num_accepted
             self.span_stats.observe(len(span), verdict.num_accepted)  # 5.
+            self.span_calibration.observe(self._span_probs, verdict.num_accepted)
             self._trace.append({"kind": "span", "proposed": len(span), "accepted": verdict.num_accepted})
             yield from self._commit(span[: verdict.num_accepted] + [verdict.next_token], proposer)
 
@@ -258,8 +261,10 @@ class Generation:
             return []
         span, probs = proposer.propose(self.config.max_tokens - len(self.answer_ids))
         if span and self.config.adaptive_spans:
-            probs = probs if probs is not None else self.span_stats.probs(len(span))
+            probs = self.span_calibration.scale(probs) if probs is not None else self.span_stats.probs(len(span))
             span = span[: best_span_length(probs, self.costs)]
+            probs = probs[: len(span)]
+        self._span_probs = list(probs or [])[: len(span)]
         return span
 
     # -- helpers ------------------------------------------------------------------------

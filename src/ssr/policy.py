@@ -102,6 +102,24 @@ class AcceptanceStats:
 
 
 @dataclass
+class SpanCalibration:
+    """Realised / expected accepted tokens of a proposer's probability estimates. A suffix
+    tree's counts are over-confident on repetitive text (a continuation seen every time so far
+    is "certain"); the span cut uses its cumulative probabilities scaled by this ratio."""
+
+    expected: float = 4.0  # sum over verified spans of the expected accepted tokens (prior: ...)
+    accepted: float = 4.0  # ... and of the tokens accepted (prior ratio 1)
+
+    def observe(self, accept_probs: Sequence[float], num_accepted: int) -> None:
+        self.expected += sum(accept_probs)
+        self.accepted += num_accepted
+
+    def scale(self, accept_probs: Sequence[float]) -> list[float]:
+        ratio = min(1.0, self.accepted / self.expected)
+        return [prob * ratio for prob in accept_probs]
+
+
+@dataclass
 class PolicyStats:
     """What earlier requests showed; the priors stand for one typical request (qwen2.5-coder
     on ClassEval, docs/results-issue3.md) and weigh as much as one observed request."""
