@@ -27,7 +27,7 @@ from .config import ConfigError, GenerationConfig
 from .draft import Draft
 from .engines.base import Engine
 from .metrics import Metrics, StageClock
-from .policy import AcceptanceStats, CostModel, PolicyStats, SpanCalibration, best_span_length, plan_request
+from .policy import CostModel, PolicyStats, SpanPolicy, plan_request
 from .proposers import PromptLookupProposer, Proposer, SuffixProposer
 from .sampling import sample, target_probs
 from .text import TextStream
@@ -76,9 +76,7 @@ class Generation:
         self.costs = costs or CostModel()  # engine costs, learnt from this request's calls
         self.stats = stats  # earlier requests (updated when this one ends), for the policy
         self.plan = plan_request(config, self.costs, stats or PolicyStats())  # drafting: whether, when, how
-        self.span_stats = AcceptanceStats()  # for proposers that give no probabilities
-        self.span_calibration = SpanCalibration()  # for proposers that do (suffix tree)
-        self._span_probs: list[float] = []  # estimated acceptance of the span being verified
+        self.spans = SpanPolicy(self.costs)  # span lengths worth a verify pass
         self.metrics = Metrics(mode=config.mode, prompt_tokens=len(prompt_ids), policy=self.plan.as_dict())
         self.result: Result | None = None
         self._check_context()
@@ -239,7 +237,7 @@ class Generation:
         metrics = self.metrics
         while not metrics.stop:
             pending = self.answer_ids[-1]
-            span = self._propose(proposer)  # 1.
+            span, probs = self._propose(proposer)  # 1.
             if not span:
                 rows = self._step([(parent, pending)])  # [1, vocab]
                 yield from self._commit([self._verdict([], rows).next_token], proposer)
@@ -251,21 +249,18 @@ class Generation:
             metrics.verify_passes += 1
             metrics.suffix_proposed_tokens += len(span)
             metrics.suffix_accepted_tokens += verdict.num_accepted
-            self.span_stats.observe(len(span), verdict.num_accepted)  # 5.
-            self.span_calibration.observe(self._span_probs, verdict.num_accepted)
+            self.spans.observe(len(span), probs, verdict.num_accepted)  # 5.
             self._trace.append({"kind": "span", "proposed": len(span), "accepted": verdict.num_accepted})
             yield from self._commit(span[: verdict.num_accepted] + [verdict.next_token], proposer)
 
-    def _propose(self, proposer: Proposer | None) -> list[int]:
+    def _propose(self, proposer: Proposer | None) -> tuple[list[int], list[float] | None]:
+        """A span to verify (cut by the span policy) and the proposer's probabilities for it."""
         if proposer is None:
-            return []
+            return [], None
         span, probs = proposer.propose(self.config.max_tokens - len(self.answer_ids))
         if span and self.config.adaptive_spans:
-            probs = self.span_calibration.scale(probs) if probs is not None else self.span_stats.probs(len(span))
-            span = span[: best_span_length(probs, self.costs)]
-            probs = probs[: len(span)]
-        self._span_probs = list(probs or [])[: len(span)]
-        return span
+            span = self.spans.cut(span, probs)
+        return span, probs
 
     # -- helpers ------------------------------------------------------------------------
 

@@ -119,6 +119,28 @@ class SpanCalibration:
         return [prob * ratio for prob in accept_probs]
 
 
+class SpanPolicy:
+    """Cuts a proposer's span to the length the engine costs make worth verifying
+    (best_span_length), from the proposer's probabilities scaled by SpanCalibration, or from
+    running acceptance when it gives none; learns from every verdict. Used by the decoding
+    loop and by the trace simulator alike."""
+
+    def __init__(self, costs: CostModel) -> None:
+        self.costs = costs
+        self.stats = AcceptanceStats()  # for proposers that give no probabilities
+        self.calibration = SpanCalibration()  # for proposers that do (suffix tree)
+
+    def cut(self, span: list[int], probs: list[float] | None) -> list[int]:
+        estimate = self.calibration.scale(probs) if probs is not None else self.stats.probs(len(span))
+        return span[: best_span_length(estimate, self.costs)]
+
+    def observe(self, num_proposed: int, probs: list[float] | None, num_accepted: int) -> None:
+        """A verified span: its length, the proposer's own (unscaled) probabilities, the verdict."""
+        self.stats.observe(num_proposed, num_accepted)
+        if probs is not None:
+            self.calibration.observe(probs[:num_proposed], num_accepted)
+
+
 @dataclass
 class PolicyStats:
     """What earlier requests showed; the priors stand for one typical request (qwen2.5-coder
@@ -222,9 +244,7 @@ def plan_request(config: GenerationConfig, costs: CostModel, stats: PolicyStats)
         return fixed_plan(config)
     # 1. how long the draft would be: the typical answer, at most --draft-tokens
     expected_answer = stats.expected_answer()
-    draft_tokens = min(config.draft_tokens, max(16, expected_answer or config.draft_tokens))
-    if config.max_tokens < draft_tokens:
-        draft_tokens = config.max_tokens
+    draft_tokens = min(config.draft_tokens, config.max_tokens, max(16, expected_answer or config.draft_tokens))
     # 2. what a draft token costs and what a used one saves (seconds)
     batched_s = max(0.0, costs.step(2) - costs.step(1))  # the child riding in the parent's step
     scored_s = max(0.0, (costs.cost(draft_tokens + 1) - costs.cost(1)) / draft_tokens)  # verifying it

@@ -20,7 +20,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field, replace
 
 from ..config import GenerationConfig, SamplingParams, SuffixParams
-from ..policy import AcceptanceStats, CostModel, best_span_length
+from ..policy import CostModel, SpanPolicy
 from ..proposers import PromptLookupProposer, SuffixProposer
 from ..costs import Costs
 from .report import group_name, render_table
@@ -130,8 +130,7 @@ def _policy_continuation(proposer, costs: Costs, config: GenerationConfig, targe
     (seconds, suffix-accepted tokens, answer tokens); answer_start: tokens cached before the answer."""
     if proposer is not None:
         proposer.observe(answer_prefix_ids)
-    cost_model = CostModel(step_s=costs.step(1), token_s=(costs.score(32) - costs.step(1)) / 31)
-    stats = AcceptanceStats()
+    spans = SpanPolicy(CostModel(step_s=costs.step(1), token_s=(costs.score(32) - costs.step(1)) / 31))
     committed = _Commit(target, config.max_tokens, proposer)
     committed.add(target[: num_accepted + 1])  # the draft's accepted prefix and the next token
     seconds, suffix_accepted = 0.0, 0
@@ -139,14 +138,14 @@ def _policy_continuation(proposer, costs: Costs, config: GenerationConfig, targe
         position = committed.length
         span, probs = proposer.propose(config.max_tokens - position) if proposer else ([], None)
         if span and config.adaptive_spans:
-            span = span[: best_span_length(probs if probs is not None else stats.probs(len(span)), cost_model)]
+            span = spans.cut(span, probs)
         if not span:
             seconds += costs.step(1, answer_start + position)
             committed.add(target[position : position + 1])
             continue
         seconds += costs.score(1 + len(span), answer_start + position)
         accepted = _common_prefix(span, target[position:])
-        stats.observe(len(span), accepted)
+        spans.observe(len(span), probs, accepted)
         suffix_accepted += accepted
         committed.add(target[position : position + accepted + 1])
     return seconds, suffix_accepted, committed.length
