@@ -1,4 +1,5 @@
 """CLI: bad input gives one clear line and exit code 2; the happy path prints text + stats."""
+import importlib.util
 import json
 import re
 import subprocess
@@ -39,7 +40,11 @@ BAD_INPUT = [
     (["generate", "hi", "--mode", "fast"], "invalid choice"),
     (["generate", "hi", "--context-size", "8"], "--context-size must be >= 64"),
     (["frobnicate"], "invalid choice"),
-    (["bench", "--engine", "llama.cpp,vllm"], "--engine: give engines from llama.cpp, transformers"),
+    (["bench", "--engine", "llama.cpp,tensorrt"], "--engine: give engines from llama.cpp, transformers, vllm"),
+    (["generate", "hi", "--tensor-parallel-size", "2"], "--tensor-parallel-size: options of --engine vllm"),
+    (["generate", "hi", "--engine", "vllm", "--tensor-parallel-size", "0"], "--tensor-parallel-size must be >= 1"),
+    (["generate", "hi", "--engine", "vllm", "--gpu-memory-utilization", "1.5"], "--gpu-memory-utilization must be in"),
+    (["generate", "hi", "--engine", "vllm", "--device", "cuda"], "--device is an option of --engine transformers"),
     (["generate", "hi", "--dtype", "float16"], "--device and --dtype are options of --engine transformers"),
     (["generate", "hi", "--engine", "transformers", "--model", "no-such"], "unknown model 'no-such'"),
     (["generate", "hi", "--engine", "transformers", "--model", "/"], "model folder / has no config.json"),
@@ -61,6 +66,15 @@ def test_bad_input_one_line_exit_2(argv, message, capsys):
     err = capsys.readouterr().err
     assert message in err
     assert err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_vllm_not_installed_is_one_line(capsys):
+    if importlib.util.find_spec("vllm") is not None:
+        pytest.skip("vllm is installed here (its own tests cover it)")
+    assert main(["generate", "hi", "--engine", "vllm"]) == 2
+    err = capsys.readouterr().err
+    assert "--engine vllm is not installed" in err and "pip install 'ssr[vllm]'" in err
+    assert err.count("\n") == 1
 
 
 def test_prompt_too_long_for_context(capsys):

@@ -167,3 +167,27 @@ def test_span_calibration_scales_overconfident_estimates():
     assert best_span_length(calibration.scale([0.95]), CPU_LIKE) == 0
     assert best_span_length([0.95], CPU_LIKE) == 1
     assert SpanCalibration(expected=1.0, accepted=5.0).scale([0.5]) == [0.5]  # never raised
+
+
+def test_span_guard_stops_spans_that_lose_time_and_keeps_exploring():
+    """Passes that cost more than the plain steps they replace turn spans off (one proposal
+    in explore_every still verified); passes that gain keep them on."""
+    from ssr.policy import SpanPolicy
+
+    costs = CostModel(step_s=0.010, token_s=0.001)  # spans look cheap to the model ...
+    losing = SpanPolicy(costs)
+    probs = [0.99, 0.98, 0.97, 0.96]
+    assert losing.cut([1, 2, 3, 4], probs) == [1, 2, 3, 4]
+    for _ in range(SpanPolicy.min_passes):
+        losing.observe(4, probs, 0, seconds=0.050)  # ... but each pass took 50 ms for one token
+    assert losing.losing
+    kept = [losing.cut([1, 2, 3, 4], probs) for _ in range(2 * SpanPolicy.explore_every)]
+    assert sum(bool(span) for span in kept) == 2  # exploration only
+    winning = SpanPolicy(costs)
+    for _ in range(SpanPolicy.min_passes):
+        winning.observe(4, probs, 4, seconds=0.015)  # five tokens in 15 ms
+    assert not winning.losing and winning.cut([1, 2, 3, 4], probs) == [1, 2, 3, 4]
+    untimed = SpanPolicy(costs)  # without seconds (older callers) the guard never judges
+    for _ in range(SpanPolicy.min_passes):
+        untimed.observe(4, probs, 0)
+    assert not untimed.losing

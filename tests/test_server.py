@@ -29,15 +29,13 @@ def _get(url: str) -> str:
         return reply.read().decode()
 
 
-@pytest.fixture(scope="module")
-def server():
+def serve(arguments: list[str], start_s: float = 180):
+    """A real `ssr serve` process on a free port: yields its base URL, then stops it."""
     port = _free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "ssr.cli", "serve", "--port", str(port), "--thinking-budget", "24", "--draft-at", "8",
-         "--draft-tokens", "16", "--max-tokens", "32", "--max-queue", "8"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen([sys.executable, "-m", "ssr.cli", "serve", "--port", str(port), *arguments],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     base = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 180
+    deadline = time.time() + start_s
     while time.time() < deadline:
         try:
             if '"ok"' in _get(base + "/health"):
@@ -48,7 +46,13 @@ def server():
             pytest.fail(f"server exited: {proc.stdout.read()}")
     yield base
     proc.terminate()
-    proc.wait(timeout=30)
+    proc.wait(timeout=60)
+
+
+@pytest.fixture(scope="module")
+def server():
+    yield from serve(["--thinking-budget", "24", "--draft-at", "8", "--draft-tokens", "16", "--max-tokens", "32",
+                      "--max-queue", "8"])
 
 
 @pytest.fixture()

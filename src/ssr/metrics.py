@@ -28,6 +28,7 @@ class Metrics:
     # per draft child: forked_at, tokens, bootstrapped, written, accepted (by the next stage or
     # the parent), seconds, bootstrap_s, seconds_without_bootstrap (estimated)
     stages: list[dict] = field(default_factory=list)
+    engine: dict = field(default_factory=dict)  # engine-specific counters (vLLM: requests, prefix-cache hits)
     policy: dict = field(default_factory=dict)  # the drafting plan and why (policy.Plan.as_dict)
     first_answer_token_s: float = 0.0  # from request start to the first answer token
     total_s: float = 0.0

@@ -123,22 +123,47 @@ class SpanPolicy:
     """Cuts a proposer's span to the length the engine costs make worth verifying
     (best_span_length), from the proposer's probabilities scaled by SpanCalibration, or from
     running acceptance when it gives none; learns from every verdict. Used by the decoding
-    loop and by the trace simulator alike."""
+    loop and by the trace simulator alike.
+
+    Guard (never slower than plain decoding): the loop also reports each pass's seconds;
+    the realised gain, sum over passes of (tokens committed x a plain step's cost - the pass's
+    seconds), is kept. Once `min_passes` passes have lost time overall, spans stop and one
+    in `explore_every` proposals is still verified, so the gain can recover."""
+
+    min_passes = 8  # passes before the guard judges
+    explore_every = 8  # while off: verify one proposal in this many
 
     def __init__(self, costs: CostModel) -> None:
         self.costs = costs
         self.stats = AcceptanceStats()  # for proposers that give no probabilities
         self.calibration = SpanCalibration()  # for proposers that do (suffix tree)
+        self.gain_s = 0.0  # realised seconds saved by span passes against plain steps
+        self.timed_passes = 0  # passes whose seconds were reported
+        self.skipped = 0  # proposals dropped by the guard since the last one verified
 
     def cut(self, span: list[int], probs: list[float] | None) -> list[int]:
         estimate = self.calibration.scale(probs) if probs is not None else self.stats.probs(len(span))
-        return span[: best_span_length(estimate, self.costs)]
+        span = span[: best_span_length(estimate, self.costs)]
+        if span and self.losing:
+            self.skipped += 1
+            if self.skipped % self.explore_every:
+                return []
+        return span
 
-    def observe(self, num_proposed: int, probs: list[float] | None, num_accepted: int) -> None:
-        """A verified span: its length, the proposer's own (unscaled) probabilities, the verdict."""
+    @property
+    def losing(self) -> bool:
+        return self.timed_passes >= self.min_passes and self.gain_s < 0
+
+    def observe(self, num_proposed: int, probs: list[float] | None, num_accepted: int,
+                seconds: float | None = None) -> None:
+        """A verified span: its length, the proposer's own (unscaled) probabilities, the verdict,
+        and the pass's seconds when measured."""
         self.stats.observe(num_proposed, num_accepted)
         if probs is not None:
             self.calibration.observe(probs[:num_proposed], num_accepted)
+        if seconds is not None:
+            self.timed_passes += 1
+            self.gain_s += (num_accepted + 1) * self.costs.cost(1) - seconds
 
 
 @dataclass

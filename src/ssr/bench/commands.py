@@ -57,6 +57,10 @@ def cmd_bench(args: argparse.Namespace, config: GenerationConfig, model_loader) 
         raise ConfigError(f"--engine: give engines from {', '.join(ENGINES)}, comma-separated; got {args.engine!r}")
     def engine_args(engine: str) -> argparse.Namespace:  # --device / --dtype are the transformers engine's
         own = {} if engine == "transformers" else {"device": None, "dtype": None}
+        if engine != "vllm":  # and the vLLM flags vLLM's
+            from ..cli import VLLM_DEFAULTS
+
+            own.update(VLLM_DEFAULTS)
         return argparse.Namespace(**{**vars(args), "engine": engine, **own})
 
     models = {engine: model_loader(engine_args(engine)) for engine in engines}
@@ -114,6 +118,9 @@ def cmd_calibrate(args: argparse.Namespace, model_loader) -> int:
     if not 8 <= args.context_tokens <= (args.context_size - 600) // 2:
         raise ConfigError(f"--context-tokens must be in 8..{(args.context_size - 600) // 2} (half of --context-size "
                           f"less room for the probes: it is probed at twice the length too), got {args.context_tokens}")
+    if args.engine == "vllm":
+        raise ConfigError("ssr calibrate times sequence steps (llama.cpp, transformers); vLLM schedules its own "
+                          "batches: the policy there assumes a GPU's costs")
     model = model_loader(args)
     with tqdm(total=2 * max(1, args.repeats // 2) + len(STEP_SIZES) + len(SCORE_SIZES) + 2, unit="probe",
               disable=not sys.stderr.isatty()) as bar:

@@ -143,9 +143,10 @@ def _policy_continuation(proposer, costs: Costs, config: GenerationConfig, targe
             seconds += costs.step(1, answer_start + position)
             committed.add(target[position : position + 1])
             continue
-        seconds += costs.score(1 + len(span), answer_start + position)
+        pass_s = costs.score(1 + len(span), answer_start + position)
+        seconds += pass_s
         accepted = _common_prefix(span, target[position:])
-        spans.observe(len(span), probs, accepted)
+        spans.observe(len(span), probs, accepted, pass_s)
         suffix_accepted += accepted
         committed.add(target[position : position + accepted + 1])
     return seconds, suffix_accepted, committed.length

@@ -3,7 +3,7 @@ from .base import Engine, EngineError
 
 __all__ = ["ENGINES", "Engine", "EngineError", "load_engine"]
 
-ENGINES = ("llama.cpp", "transformers")  # what --engine offers (the fake engine is for tests)
+ENGINES = ("llama.cpp", "transformers", "vllm")  # what --engine offers (the fake engine is for tests)
 
 
 def load_engine(model: str, engine: str = "llama.cpp", **options) -> Engine:
@@ -18,10 +18,18 @@ def load_engine(model: str, engine: str = "llama.cpp", **options) -> Engine:
         from .hf import TransformersEngine
 
         return TransformersEngine(resolve_source(model), **options)
+    if engine == "vllm":
+        from .vllm import VllmEngine
+
+        return VllmEngine(model, **options)
     if engine == "fake":
         from .fake import FakeEngine
 
         return FakeEngine(**options)
+    if engine == "fake-requests":
+        from .fake import FakeRequestsEngine
+
+        return FakeRequestsEngine(**options)
     from ..config import ConfigError
 
     raise ConfigError(f"unknown engine {engine!r}: use one of {', '.join(ENGINES)}")

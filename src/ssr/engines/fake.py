@@ -93,3 +93,106 @@ class FakeEngine:
         logits += glob
         logits[0] += self.eos_bias - 4.0  # EOS rare unless biased
         return logits.astype(np.float32)
+
+
+class FakeRequestsEngine:
+    """The fake model behind vLLM's request interface (engines/vllm.py), for unit tests of
+    decode_vllm without vLLM: each request runs to its end when opened (greedy, or seeded
+    sampling), its cumulative outputs queued on a vllm.Request handle. The prefix cache is
+    simulated in blocks of `block_size` over every sequence computed before; prompt-logprob
+    rows under a cache hit hold junk, as vLLM's do."""
+
+    kind = "requests"
+    verify_reads_cache = True
+    enable_prefix_caching = True
+    vocab_size, eos_ids, chat_template, bos_text, eos_text = 128, frozenset({0}), None, "", "<eos>"
+
+    def __init__(self, block_size: int = 4, context_size: int = 1 << 16, **fake_options) -> None:
+        self.model = FakeEngine(**fake_options)
+        self.block_size = block_size
+        self.context_size = context_size
+        self.max_sequences = 1 << 16
+        self.cached: set[tuple[int, ...]] = set()  # block-aligned prefixes computed so far
+        self.opened: list[tuple[str, list[int], object]] = []  # (id, prompt, params) per request
+        self._next_id = 0
+
+    tokenize = FakeEngine.tokenize
+    token_bytes = FakeEngine.token_bytes
+
+    def new_id(self, role: str) -> str:
+        self._next_id += 1
+        return f"fake-{self._next_id}-{role}"
+
+    def sampling_params(self, **options):
+        from types import SimpleNamespace
+
+        return SimpleNamespace(**{"stop": None, "logit_bias": None, "prompt_logprobs": None, "seed": 0,
+                                  "skip_reading_prefix_cache": None, **options})
+
+    def open(self, request_id: str, prompt_ids: Sequence[int], params):
+        from types import SimpleNamespace
+
+        from .vllm import _DONE, Request
+
+        request = Request(self, request_id)
+        self.opened.append((request_id, list(prompt_ids), params))
+        tokens, rng, reason = list(prompt_ids), np.random.default_rng(params.seed), "length"
+        skip = params.skip_reading_prefix_cache
+        skip = params.prompt_logprobs is not None if skip is None else skip
+        cached = 0 if skip else self._cached(tokens)
+        rows = self._prompt_rows(tokens, cached) if params.prompt_logprobs is not None else None
+        generated: list[int] = []
+        while len(generated) < params.max_tokens:
+            logits = self.model._logits(tokens).astype(np.float64)  # [vocab]
+            for token, bias in (params.logit_bias or {}).items():
+                logits[token] += bias
+            token = int(np.argmax(logits)) if params.temperature == 0 else \
+                int(rng.choice(len(logits), p=np.exp(logits - logits.max()) / np.exp(logits - logits.max()).sum()))
+            tokens.append(token)
+            generated.append(token)
+            text = bytes(t for t in generated if t).decode("ascii", "replace")
+            output = SimpleNamespace(outputs=[SimpleNamespace(token_ids=list(generated), finish_reason=None)],
+                                     prompt_logprobs=rows, num_cached_tokens=cached, finished=False)
+            request.latest = output
+            request.outputs.put(output)
+            if token in params.stop_token_ids or any(stop in text for stop in params.stop or ()):
+                reason = "stop"
+                break
+        self._remember(tokens[:-1])
+        request.latest.outputs[0].finish_reason, request.latest.finished = reason, True
+        request.outputs.put(_DONE)
+        request.finished.set()
+        return request
+
+    def abort(self, request_ids) -> None:
+        pass  # every fake request has ended when open returns
+
+    def live_requests(self) -> int:
+        return 0
+
+    def _cached(self, tokens: list[int]) -> int:
+        """Longest block-aligned prefix computed before, at most len - 1 (vLLM recomputes the last)."""
+        length = (len(tokens) - 1) // self.block_size * self.block_size
+        while length and tuple(tokens[:length]) not in self.cached:
+            length -= self.block_size
+        return length
+
+    def _remember(self, tokens: list[int]) -> None:
+        for end in range(self.block_size, len(tokens) + 1, self.block_size):
+            self.cached.add(tuple(tokens[:end]))
+
+    def _prompt_rows(self, tokens: list[int], cached: int) -> list:
+        """Row i: {argmax: rank 1, token i: its rank}; rows up to the cache hit are junk."""
+        from types import SimpleNamespace
+
+        rows: list = [None]
+        for position in range(1, len(tokens)):
+            if position <= cached:
+                rows.append({(position * 7) % 128: SimpleNamespace(rank=1, logprob=0.0)})  # not computed
+                continue
+            logits = self.model._logits(tokens[:position])
+            order = np.argsort(-logits, kind="stable")
+            rank = {int(token): index + 1 for index, token in enumerate(order)}
+            rows.append({int(order[0]): SimpleNamespace(rank=1, logprob=0.0),
+                         tokens[position]: SimpleNamespace(rank=rank[tokens[position]], logprob=0.0)})
+        return rows

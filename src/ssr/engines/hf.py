@@ -24,19 +24,17 @@ tests/test_engine_contract.py checks the result bit for bit, as for llama.cpp.
 """
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
 from .base import EngineError, SequenceSlots
+from .tokenizer import TokenizerText
 
 ATTENTION_NAME = "ssr_invariant"
 KEY_BLOCK = 64  # key lengths are rounded up to this (see the module docstring)
 CAPACITY_BLOCK = 256  # KV buffers grow by multiples of this
-END_TOKENS = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end_of_text|>", "<end_of_turn>", "<|end|>",
-              "<turn|>")  # chat end markers that end generation, as llama.cpp's end-of-generation set
 
 
 def invariant_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
@@ -175,14 +173,10 @@ class TransformersEngine(SequenceSlots):
         self.min_rows = min_rows
         self.context_size = context_size
         self.vocab_size = self._model.get_output_embeddings().weight.shape[0]
-        self.chat_template = getattr(self._tokenizer, "chat_template", None)
-        self.bos_text = self._tokenizer.bos_token or ""
-        self.eos_text = self._tokenizer.eos_token or ""
-        self.add_bos = self._tokenizer.bos_token_id is not None and bool(getattr(self._tokenizer, "add_bos_token", False))
-        self.eos_ids = self._end_ids()
+        self.text = TokenizerText(self._tokenizer, getattr(self._model.generation_config, "eos_token_id", None))
+        self.chat_template, self.bos_text, self.eos_text = self.text.chat_template, self.text.bos_text, self.text.eos_text
+        self.add_bos, self.eos_ids = self.text.add_bos, self.text.eos_ids
         self._pad_id = self._tokenizer.pad_token_id or 0  # fed as throw-away queries
-        self._byte_decoder = self._byte_level_decoder()
-        self._special_ids = set(self._tokenizer.all_special_ids) | set(self._tokenizer.added_tokens_decoder)
         # names this setup for the cached cost table (see costs.engine_costs)
         self.cost_key = f"transformers-{self.name}-{self.device}-{dtype}-{self.threads}t"
         self._cache = _slot_cache_class()(max_sequences, CAPACITY_BLOCK)
@@ -191,20 +185,10 @@ class TransformersEngine(SequenceSlots):
     # -- text -----------------------------------------------------------------------------
 
     def tokenize(self, text: str, add_bos: bool = False) -> list[int]:
-        ids = self._tokenizer(text, add_special_tokens=False)["input_ids"]
-        return ([self._tokenizer.bos_token_id] if add_bos and self._tokenizer.bos_token_id is not None else []) + ids
+        return self.text.tokenize(text, add_bos)
 
     def token_bytes(self, token_id: int) -> bytes:
-        if token_id >= len(self._tokenizer):
-            return b""
-        if token_id in self._special_ids:
-            return self._tokenizer.decode([token_id]).encode("utf-8")
-        piece = self._tokenizer.convert_ids_to_tokens(token_id)
-        if self._byte_decoder is not None and all(c in self._byte_decoder for c in piece):
-            return bytes(self._byte_decoder[c] for c in piece)
-        if piece.startswith("<0x") and piece.endswith(">") and len(piece) == 6:  # sentencepiece byte fallback
-            return bytes([int(piece[3:5], 16)])
-        return piece.replace("\u2581", " ").encode("utf-8")
+        return self.text.token_bytes(token_id)
 
     # -- sequences ------------------------------------------------------------------------
 
@@ -260,27 +244,3 @@ class TransformersEngine(SequenceSlots):
         logits = out.logits.float()  # [rows, q, vocab]
         kept = [logits[row, : len(tokens)] for row, (_, tokens) in enumerate(rows)]
         return torch.cat(kept).cpu().numpy()
-
-    def _end_ids(self) -> frozenset[int]:
-        ids = {self._tokenizer.eos_token_id}
-        configured = getattr(self._model.generation_config, "eos_token_id", None)
-        ids.update(configured if isinstance(configured, list) else [configured])
-        vocab = self._tokenizer.get_vocab()
-        ids.update(vocab[token] for token in END_TOKENS if token in vocab)
-        return frozenset(i for i in ids if i is not None)
-
-    def _byte_level_decoder(self) -> dict[str, int] | None:
-        """GPT-2 byte-level BPE: the char -> byte map, None for other tokenizers."""
-        backend = getattr(self._tokenizer, "backend_tokenizer", None)
-        decoder = json.loads(backend.to_str()).get("decoder") if backend is not None else None
-        if not decoder or "ByteLevel" not in json.dumps(decoder):
-            return None
-        printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + \
-            list(range(ord("®"), ord("ÿ") + 1))
-        chars, extra = list(printable), 0
-        for byte in range(256):
-            if byte not in printable:
-                printable.append(byte)
-                chars.append(256 + extra)
-                extra += 1
-        return {chr(c): b for b, c in zip(printable, chars)}

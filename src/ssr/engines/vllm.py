@@ -1,0 +1,232 @@
+"""vLLM engine: SSR as ordinary requests to vLLM's public async API (no patches).
+
+vLLM owns the KV cache, the batch and the scheduler, so this adapter does not offer the
+sequence protocol of base.Engine (fork, step, score, truncate). It offers requests:
+`open(request_id, prompt_ids, params)` submits one to `AsyncLLM.generate` and returns a
+`Request` handle whose outputs arrive on a queue; `abort` ends it. decode_vllm.py
+builds SSR from those: a streaming parent, draft children whose prompts extend the
+parent's (prefix-cache hits), a verify request with `prompt_logprobs`, a continuation.
+
+AsyncLLM runs on an asyncio loop in a daemon thread of its own; the adapter's methods
+are synchronous, so the CLI and the server's worker thread call it like any engine.
+Tensor / pipeline parallelism and the distributed executor (Ray, for several nodes)
+are vLLM's: their options pass through.
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+import queue
+import sys
+import threading
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+from .base import EngineError
+from .tokenizer import TokenizerText
+
+_DONE = object()  # queue sentinel: the request ended
+
+
+class Request:
+    """One vLLM request: its cumulative outputs on a queue, the latest kept."""
+
+    def __init__(self, engine: VllmEngine, request_id: str) -> None:
+        self.engine = engine
+        self.request_id = request_id
+        self.outputs: queue.Queue = queue.Queue()  # RequestOutput (cumulative), then _DONE or an exception
+        self.latest = None  # the last RequestOutput seen
+        self.finished = threading.Event()
+
+    @property
+    def token_ids(self) -> list[int]:
+        """Tokens generated so far."""
+        return list(self.latest.outputs[0].token_ids) if self.latest is not None else []
+
+    def stream(self) -> Iterator:
+        """Blocking iterator over the outputs (cumulative) until the request ends."""
+        while True:
+            item = self.outputs.get()
+            if item is _DONE:
+                return
+            if isinstance(item, BaseException):
+                raise EngineError(f"vLLM request {self.request_id} failed: {item}") from item
+            yield item
+
+    def result(self, timeout: float | None = 600.0):
+        """The final output (waits for the end)."""
+        if not self.finished.wait(timeout):
+            raise EngineError(f"vLLM request {self.request_id} did not finish in {timeout} s")
+        for _ in self.stream():  # drain; raises the request's error, if any
+            pass
+        return self.latest
+
+    def abort(self) -> None:
+        """End the request now (no-op once finished); waits until vLLM has let it go."""
+        if not self.finished.is_set():
+            self.engine.abort([self.request_id])
+        self.finished.wait(30.0)
+
+
+class VllmEngine:
+    kind = "requests"  # driven by decode_vllm (requests), not decode (sequence steps)
+
+    def __init__(self, model: str, context_size: int = 4096, threads: int | None = None,
+                 tensor_parallel_size: int = 1, pipeline_parallel_size: int = 1,
+                 gpu_memory_utilization: float | None = None, enable_prefix_caching: bool = True,
+                 distributed_executor_backend: str | None = None, dtype: str | None = None,
+                 speculative_method: str | None = None, num_speculative_tokens: int | None = None,
+                 verify_reads_cache: bool = True, verbose: bool = False) -> None:
+        if threads is not None:
+            raise EngineError("--threads is not an option of --engine vllm (vLLM sets its own; on CPUs "
+                              "VLLM_CPU_OMP_THREADS_BIND chooses the cores)")
+        if not verbose:
+            os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # read when vllm is imported
+        from transformers import AutoTokenizer
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.platforms import current_platform
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        model = vllm_model_source(model)
+        self.on_cpu = current_platform.is_cpu()
+        if gpu_memory_utilization is None:
+            gpu_memory_utilization = 0.3 if self.on_cpu else 0.9
+        self.speculative_method = speculative_method  # vLLM's own speculation for the answer, if any
+        self.verify_reads_cache = verify_reads_cache  # prompt_logprobs requests read the prefix cache
+        self.enable_prefix_caching = enable_prefix_caching
+        speculative = None
+        if speculative_method:
+            speculative = {"method": speculative_method}
+            if num_speculative_tokens:
+                speculative["num_speculative_tokens"] = num_speculative_tokens
+        args = AsyncEngineArgs(
+            model=model, max_model_len=context_size, tensor_parallel_size=tensor_parallel_size,
+            pipeline_parallel_size=pipeline_parallel_size, gpu_memory_utilization=gpu_memory_utilization,
+            enable_prefix_caching=enable_prefix_caching, distributed_executor_backend=distributed_executor_backend,
+            dtype=dtype or ("float32" if self.on_cpu else "auto"), speculative_config=speculative,
+            disable_log_stats=True)
+        self._loop = asyncio.new_event_loop()
+        threading.Thread(target=self._loop.run_forever, name="ssr-vllm-loop", daemon=True).start()
+        try:
+            self._llm = self._call(_create(AsyncLLM, args))
+            tokenizer = AutoTokenizer.from_pretrained(model)
+        except Exception as error:  # vLLM raises many kinds; the person needs the first line
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            raise EngineError(f"vLLM could not load {model}: {str(error).splitlines()[0] if str(error) else error!r}") \
+                from error
+        config = self._llm.model_config
+        self.name = str(model).rstrip("/").split("/")[-1]
+        self.context_size = config.max_model_len
+        self.vocab_size = config.get_vocab_size()
+        self.text = TokenizerText(tokenizer, getattr(config.hf_config, "eos_token_id", None))
+        self.chat_template, self.bos_text, self.eos_text = self.text.chat_template, self.text.bos_text, self.text.eos_text
+        self.add_bos, self.eos_ids = self.text.add_bos, self.text.eos_ids
+        self.max_sequences = 1 << 16  # requests, not KV slots: vLLM queues what does not fit
+        self._next_id = 0
+
+    # -- text -------------------------------------------------------------------------------
+
+    def tokenize(self, text: str, add_bos: bool = False) -> list[int]:
+        return self.text.tokenize(text, add_bos)
+
+    def token_bytes(self, token_id: int) -> bytes:
+        return self.text.token_bytes(token_id)
+
+    # -- requests ---------------------------------------------------------------------------
+
+    def new_id(self, role: str) -> str:
+        self._next_id += 1
+        return f"ssr-{self._next_id}-{role}"
+
+    def sampling_params(self, **options):
+        from vllm import SamplingParams
+
+        return SamplingParams(**options)
+
+    def open(self, request_id: str, prompt_ids: Sequence[int], params) -> Request:
+        """Submit a request (vllm.SamplingParams); outputs arrive on the handle's queue."""
+        request = Request(self, request_id)
+        asyncio.run_coroutine_threadsafe(self._pump(request, list(prompt_ids), params), self._loop)
+        return request
+
+    def abort(self, request_ids: Sequence[str]) -> None:
+        self._call(self._llm.abort(list(request_ids)))
+
+    def live_requests(self) -> int:
+        """Requests vLLM still holds (running or waiting): 0 once SSR let every child go."""
+        return self._llm.output_processor.get_num_unfinished_requests()
+
+    def live_sequences(self) -> int:  # the server's gauge: requests stand for sequences here
+        return self.live_requests()
+
+    def close(self) -> None:
+        """Shut vLLM down (its engine process too); the engine is unusable afterwards."""
+        llm, self._llm = self._llm, None
+        self._call(_shutdown(llm))
+        del llm  # its __del__ shuts down again: now, not at interpreter exit with modules half gone
+        self._loop.call_soon_threadsafe(self._loop.stop)
+
+    async def _pump(self, request: Request, prompt_ids: list[int], params) -> None:
+        try:
+            async for output in self._llm.generate({"prompt_token_ids": prompt_ids}, params, request.request_id):
+                request.latest = output
+                request.outputs.put(output)
+        except BaseException as error:  # noqa: BLE001 - handed to the consumer thread
+            request.outputs.put(error)
+        finally:
+            request.outputs.put(_DONE)
+            request.finished.set()
+
+    def _call(self, coroutine):
+        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result()
+
+
+async def _create(async_llm, args):
+    return async_llm.from_engine_args(args)  # on the adapter's loop: vLLM binds its tasks to it
+
+
+async def _shutdown(llm) -> None:
+    llm.shutdown()
+
+
+def vllm_model_source(name_or_path: str) -> str:
+    """A model vLLM can load: a folder or hub id as given; a registry name or .gguf file
+    -> a float32 Hugging Face folder dequantized from it once (vLLM reads no GGUF here),
+    cached beside the other models."""
+    from ..models import REGISTRY, cache_dir, resolve_model, resolve_source
+
+    path = Path(name_or_path).expanduser()
+    if name_or_path not in REGISTRY and not path.is_file():
+        return resolve_source(name_or_path)
+    gguf = resolve_model(name_or_path)
+    target = cache_dir() / "hf" / f"{gguf.stem}-float32"
+    if not (target / "config.json").is_file():
+        print(f"ssr: vLLM reads no GGUF here: dequantizing {gguf.name} to {target} (once)", file=sys.stderr)
+        dequantize_gguf(gguf, target)
+    return str(target)
+
+
+def dequantize_gguf(gguf: Path, target: Path) -> None:
+    """GGUF -> float32 safetensors folder with config and tokenizer (written atomically)."""
+    import shutil
+
+    import torch
+    from safetensors.torch import save_file
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    partial = target.with_name(target.name + f".partial.{os.getpid()}")
+    shutil.rmtree(partial, ignore_errors=True)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+        AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(partial)
+        config = model.config
+        if hasattr(config, "quantization_config"):
+            del config.quantization_config
+        config.save_pretrained(partial)
+        weights = {name: tensor.contiguous() for name, tensor in model.state_dict().items()}
+        if getattr(config, "tie_word_embeddings", False):
+            weights.pop("lm_head.weight", None)  # tied: vLLM takes it from the embeddings
+        save_file(weights, str(partial / "model.safetensors"), metadata={"format": "pt"})
+        partial.replace(target)
+    finally:
+        shutil.rmtree(partial, ignore_errors=True)

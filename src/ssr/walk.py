@@ -1,0 +1,89 @@
+"""What the two request walks share (decode.py on sequence engines, decode_vllm.py on
+vLLM requests): the chunks they stream, the result they leave, iteration and committing
+answer tokens."""
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from .metrics import Metrics
+
+
+@dataclass(frozen=True)
+class Chunk:
+    channel: str  # "reasoning" or "answer"
+    text: str
+    token_ids: tuple[int, ...]
+
+
+@dataclass
+class Result:
+    reasoning: str
+    answer: str
+    cot_ids: list[int]
+    answer_ids: list[int]
+    draft_ids: list[int]
+    forced_ids: list[int]  # tokens forced between CoT and answer (end marker, answer prefix)
+    metrics: Metrics
+    trace: list[dict]  # verify events: what was proposed and how much was accepted
+
+    @property
+    def output_ids(self) -> list[int]:
+        """Every token after the prompt, as the model saw them."""
+        return self.cot_ids + self.forced_ids + self.answer_ids
+
+
+class Walk:
+    """Iterate for chunks as they are decoded; `result` is set when iteration ends.
+    A subclass supplies `_run`, `metrics` and `_answer_text`."""
+
+    result: Result | None = None
+
+    def __init__(self, engine, fmt, config, prompt_ids, stats=None) -> None:
+        from .config import ConfigError
+
+        if not prompt_ids:
+            raise ConfigError("the prompt is empty")
+        self.engine, self.fmt, self.config = engine, fmt, config
+        self.prompt_ids = list(prompt_ids)
+        self.forced_end_ids = engine.tokenize(fmt.forced_end)  # forced when the CoT did not end itself
+        self.answer_prefix_ids = engine.tokenize(fmt.answer_prefix)  # forced after the end marker
+        self.stats = stats  # earlier requests (updated when this one ends), for the policy
+        self.answer_ids: list[int] = []
+
+    def __iter__(self) -> Iterator[Chunk]:
+        return self._run()
+
+    def run(self) -> Result:
+        for _ in self:
+            pass
+        assert self.result is not None
+        return self.result
+
+    def _cot_token(self, token: int, cot_ids: list[int], stream) -> tuple[Chunk | None, str]:
+        """One CoT token -> (its reasoning text, if any; how the CoT ends: "eos" (token not kept),
+        "natural" (it completed the end marker) or "" (it goes on))."""
+        if token in self.engine.eos_ids:
+            return None, "eos"
+        cot_ids.append(token)
+        text = stream.push(self.engine.token_bytes(token))
+        return (Chunk("reasoning", text, (token,)) if text else None), ("natural" if stream.stopped else "")
+
+    def _commit(self, token_ids: list[int], proposer=None) -> Iterator[Chunk]:
+        """Append answer tokens up to EOS or max_tokens; sets metrics.stop when done."""
+        committed = []
+        for token in token_ids:
+            if token in self.engine.eos_ids:
+                self.metrics.stop = "eos"
+                break
+            committed.append(token)
+            self.answer_ids.append(token)
+            if len(self.answer_ids) >= self.config.max_tokens:
+                self.metrics.stop = "max_tokens"
+                break
+        self.metrics.answer_tokens = len(self.answer_ids)
+        if proposer is not None and not self.metrics.stop:
+            proposer.observe(committed)
+        text = self._answer_text.push(b"".join(self.engine.token_bytes(t) for t in committed))
+        if text:
+            yield Chunk("answer", text, tuple(committed))

@@ -1,0 +1,97 @@
+"""decode_vllm on the fake model behind vLLM's request interface (no vLLM needed): identity
+with `ar`, which draft is verified, the prefix-cache rule for prompt logprobs, requests."""
+import pytest
+
+from ssr.config import ConfigError, GenerationConfig, SamplingParams
+from ssr.decode_vllm import VllmGeneration
+from ssr.engines.fake import FakeRequestsEngine
+
+from test_decode_fake import FMT, PROMPT
+
+
+def run(mode, engine=None, **overrides):
+    engine = engine or FakeRequestsEngine()
+    options = dict(mode=mode, thinking_budget=40, draft_at=15, draft_tokens=30, max_tokens=60, policy="fixed")
+    options.update(overrides)
+    return VllmGeneration(engine, FMT, GenerationConfig(**options), PROMPT).run(), engine
+
+
+def roles(engine):
+    return [request_id.split("-")[-1] for request_id, _, _ in engine.opened]
+
+
+@pytest.mark.parametrize("mode", ["ssr", "ssr-prefix"])
+@pytest.mark.parametrize("draft_at, interval", [(0, 0), (7, 0), (15, 0), (39, 0), (4, 9), (20, 1)])
+def test_greedy_identity_on_fake_requests(mode, draft_at, interval):
+    expected, _ = run("ar")
+    got, engine = run(mode, draft_at=draft_at, draft_interval=interval)
+    assert got.cot_ids == expected.cot_ids and got.forced_ids == expected.forced_ids
+    assert got.answer_ids == expected.answer_ids and got.answer == expected.answer
+    forks = list(range(draft_at, 40, interval)) if interval else [draft_at]
+    assert [stage["forked_at"] for stage in got.metrics.stages] == forks
+    assert roles(engine).count("draft") == len(forks) and roles(engine).count("verify") == 1
+
+
+def test_child_prompt_extends_the_parent_and_the_latest_draft_is_verified():
+    got, engine = run("ssr", draft_at=10, draft_interval=10)
+    parent_prompt = engine.opened[0][1]
+    drafts = [(prompt, params) for request_id, prompt, params in engine.opened if request_id.endswith("draft")]
+    forced = engine.tokenize(FMT.forced_end + FMT.answer_prefix)
+    for (prompt, params), stage in zip(drafts, got.metrics.stages):
+        assert prompt == parent_prompt + got.cot_ids[: stage["forked_at"]] + forced
+        assert params.max_tokens == 30 and params.temperature == 0
+    used = [stage for stage in got.metrics.stages if stage["used"]]
+    assert used == [got.metrics.stages[-1]] and used[0]["accepted"] == got.metrics.accepted_prefix_tokens
+    verify = next(prompt for request_id, prompt, _ in engine.opened if request_id.endswith("verify"))
+    assert verify == parent_prompt + got.cot_ids + got.forced_ids + got.draft_ids
+
+
+def test_ar_is_a_cot_request_then_an_answer_request():
+    got, engine = run("ar")
+    assert roles(engine) == ["parent", "answer"]
+    assert engine.opened[1][1] == PROMPT + got.cot_ids + got.forced_ids
+
+
+def test_verify_reads_the_cache_but_not_into_the_draft():
+    """vLLM's prompt-logprob rows under a cache hit are junk: a hit reaching into the draft
+    (an earlier request wrote the same answer) must send the verify request again uncached.
+    Without drift the draft is the answer, so the cache of ar's answer reaches into it."""
+    engine = FakeRequestsEngine(drift=0.0)
+    expected, _ = run("ar", engine=engine)  # caches prompt + CoT + answer
+    got, _ = run("ssr", engine=engine, draft_at=30)
+    assert got.answer_ids == expected.answer_ids
+    assert got.metrics.engine["verify_cache_reaches_draft"] > len(PROMPT) + len(got.cot_ids)
+    verifies = [params for request_id, _, params in engine.opened if request_id.endswith("verify")]
+    assert [params.skip_reading_prefix_cache for params in verifies] == [False, True]
+    fresh, fresh_engine = run("ssr", engine=FakeRequestsEngine(drift=0.0), draft_at=30)  # nothing cached beyond the CoT: one request
+    assert "verify_cache_reaches_draft" not in fresh.metrics.engine
+    assert fresh.metrics.engine["verify_cached_tokens"] > 0 and roles(fresh_engine).count("verify") == 1
+
+
+def test_junk_rows_would_be_caught():
+    """The identity test above can fail: reading junk rows accepts or rejects wrongly."""
+    engine = FakeRequestsEngine(drift=0.0)
+    run("ar", engine=engine)
+    generation = VllmGeneration(engine, FMT, GenerationConfig(
+        mode="ssr", thinking_budget=40, draft_at=30, draft_tokens=30, max_tokens=60, policy="fixed"), PROMPT)
+    ar = run("ar", engine=FakeRequestsEngine(drift=0.0))[0]
+    context = PROMPT + ar.cot_ids + engine.tokenize(FMT.forced_end + FMT.answer_prefix)
+    draft = ar.answer_ids[:20]
+    generation.metrics.engine = {}
+    generation._open = []
+    output = generation._verify_request(context + draft, reads_cache=True)  # the unsafe read
+    rows = output.prompt_logprobs
+    junk = [min(t for t, lp in rows[len(context) + i].items() if lp.rank == 1) for i in range(len(draft))]
+    assert junk != draft  # what a verifier reading them would have seen
+
+
+def test_sampling_decodes_plainly_and_modes_are_checked():
+    sampling = SamplingParams(temperature=0.8, seed=3)
+    expected, _ = run("ar", sampling=sampling)
+    got, engine = run("ssr", sampling=sampling)
+    assert got.answer_ids == expected.answer_ids and "draft" not in roles(engine)
+    assert "sampling on vLLM" in got.metrics.policy["explain"]["reason"]
+    with pytest.raises(ConfigError, match="--speculative-method"):
+        run("suffix")
+    with pytest.raises(ConfigError, match="context-size"):
+        run("ar", engine=FakeRequestsEngine(context_size=64))
