@@ -202,7 +202,10 @@ def vllm_model_source(name_or_path: str) -> str:
     target = cache_dir() / "hf" / f"{gguf.stem}-float32"
     if not (target / "config.json").is_file():
         print(f"ssr: vLLM reads no GGUF here: dequantizing {gguf.name} to {target} (once)", file=sys.stderr)
-        dequantize_gguf(gguf, target)
+        try:
+            dequantize_gguf(gguf, target)
+        except (ImportError, ValueError, OSError) as error:
+            raise EngineError(f"could not dequantize {gguf.name} for vLLM: {str(error).splitlines()[0]}") from error
     return str(target)
 
 
