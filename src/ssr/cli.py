@@ -94,7 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def add_model_arguments(parser: argparse.ArgumentParser, several_engines: bool = False) -> None:
     parser.add_argument("--model", default=DEFAULT_MODEL,
-                        help=f"registry name ({', '.join(REGISTRY)}) or a .gguf path; with --engine transformers "
+                        help=f"registry name ({', '.join(REGISTRY)}) or a .gguf path; with --engine transformers or vllm "
                              f"also a model folder or hub id (default {DEFAULT_MODEL})")
     if several_engines:  # bench: the same items and modes on each engine, side by side
         parser.add_argument("--engine", default="llama.cpp",

@@ -55,8 +55,9 @@ def cmd_bench(args: argparse.Namespace, config: GenerationConfig, model_loader) 
     engines = list(dict.fromkeys(e.strip() for e in args.engine.split(",") if e.strip()))
     if not engines or any(e not in ENGINES for e in engines):
         raise ConfigError(f"--engine: give engines from {', '.join(ENGINES)}, comma-separated; got {args.engine!r}")
-    def engine_args(engine: str) -> argparse.Namespace:  # --device / --dtype are the transformers engine's
-        own = {} if engine == "transformers" else {"device": None, "dtype": None}
+    def engine_args(engine: str) -> argparse.Namespace:  # --device is the transformers engine's, --dtype
+        own = {} if engine == "transformers" else {"device": None} if engine == "vllm" else \
+            {"device": None, "dtype": None}  # also vLLM's
         if engine != "vllm":  # and the vLLM flags vLLM's
             from ..cli import VLLM_DEFAULTS
 
