@@ -1,7 +1,8 @@
 """ssr: self-speculation for reasoning models, lossless and measured."""
 from .api import SSR
 from .config import ConfigError, GenerationConfig, SamplingParams, SuffixParams
-from .decode import Chunk, Generation, Result
+from .decode import Generation
+from .walk import Chunk, Result
 
 __all__ = ["SSR", "ConfigError", "GenerationConfig", "SamplingParams", "SuffixParams",
            "Chunk", "Generation", "Result"]

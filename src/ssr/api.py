@@ -2,7 +2,8 @@
 from __future__ import annotations
 
 from .config import GenerationConfig
-from .decode import Generation, Result
+from .decode import Generation
+from .walk import Result
 from .engines import Engine, load_engine
 from .models import DEFAULT_MODEL
 from .policy import CostModel, PolicyStats
@@ -31,16 +32,14 @@ class SSR:
     def costs(self) -> CostModel:
         """The engine's cost table (measured once per engine setup, cached on disk, rescaled
         to the machine's speed at start-up), corrected by every request's own calls."""
-        if self._costs is None and self.requests_based:
-            from .costs import gpu_preset
-
-            self._costs = CostModel(table=gpu_preset())  # vLLM: a child rides in its continuous batch
         if self._costs is None:
             import sys
 
-            from .costs import engine_costs
+            from .costs import engine_costs, gpu_preset
 
-            self._costs = CostModel(table=engine_costs(self.engine, log=lambda line: print(line, file=sys.stderr)))
+            table = gpu_preset() if self.requests_based else \
+                engine_costs(self.engine, log=lambda line: print(line, file=sys.stderr))  # vLLM: a child rides in its batch
+            self._costs = CostModel(table=table)
         return self._costs
 
     @property

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 MODES = ("ar", "ssr", "ssr-prefix", "ssr-suffix", "suffix", "pld")
+DRAFT_MODES = ("ssr", "ssr-prefix", "ssr-suffix")  # modes that fork draft children
 VERIFY_MODES = ("exact", "approx")
 POLICIES = ("auto", "fixed")
 
@@ -90,7 +91,7 @@ class GenerationConfig:
     @property
     def uses_draft(self) -> bool:
         """Modes that fork a draft child from the partial CoT."""
-        return self.mode in ("ssr", "ssr-prefix", "ssr-suffix")
+        return self.mode in DRAFT_MODES
 
     @property
     def verifies_draft_prefix(self) -> bool:

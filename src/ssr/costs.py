@@ -120,8 +120,6 @@ def calibrate(engine, repeats: int = 5, context_tokens: int = 1024, progress=Non
     and prefill again at twice that context give the context slopes."""
     tick = progress or (lambda: None)
     prefill_s, step_s, score_s = _probe(engine, context_tokens, repeats, STEP_SIZES, SCORE_SIZES, tick)
-    if 2 not in step_s:  # an engine limited to one sequence: batching is not possible
-        step_s[2] = 2 * step_s[1]
     longer = 2 * context_tokens
     prefill_long, step_long, score_long = _probe(engine, longer, repeats, (1,), (128,), tick)
     grown = longer - context_tokens
@@ -155,8 +153,6 @@ def engine_costs(engine, log=None) -> Costs:
     if log is not None:
         log(f"measuring engine costs once for {key or 'this engine'} (a few seconds)")
     prefill_s, step_s, score_s = _probe(engine, QUICK_CONTEXT, 3, (1, 2), (8, 32, 128), lambda: None)
-    if 2 not in step_s:
-        step_s[2] = 2 * step_s[1]
     costs = Costs(step_s=step_s, score_s=score_s, prefill_token_s=prefill_s, context_tokens=QUICK_CONTEXT,
                   source="quick probe at start-up", meta={"date": time.strftime("%Y-%m-%d %H:%M"), "key": key})
     if path is not None:
@@ -179,13 +175,19 @@ def _step_seconds(engine, steps: int = 4) -> float:
     filler = _filler(engine, QUICK_CONTEXT)
     seq = engine.prefill(filler)
     try:
-        times = []
-        for _ in range(steps + 1):  # the first call warms up
-            start = time.perf_counter()
-            engine.step([(seq, filler[0])])
-            times.append(time.perf_counter() - start)
+        return _median_step_s(engine, [(seq, filler[0])], steps)
     finally:
         engine.release(seq)
+
+
+def _median_step_s(engine, batch: list[tuple[int, int]], repeats: int) -> float:
+    """Median seconds of `repeats` steps of this batch, after one that warms up (each step
+    feeds one more token to every sequence)."""
+    times = []
+    for _ in range(repeats + 1):
+        start = time.perf_counter()
+        engine.step(batch)
+        times.append(time.perf_counter() - start)
     return statistics.median(times[1:])
 
 
@@ -213,17 +215,14 @@ def _probe(engine, context_tokens: int, repeats: int, step_sizes, score_sizes, t
         if size > engine.max_sequences:
             continue
         seqs = [parent] + [engine.fork(parent) for _ in range(size - 1)]
-        times = []
-        for _ in range(repeats + 1):  # the first call warms up
-            start = time.perf_counter()
-            engine.step([(seq, filler[0]) for seq in seqs])
-            times.append(time.perf_counter() - start)
-        step_s[size] = statistics.median(times[1:])
+        step_s[size] = _median_step_s(engine, [(seq, filler[0]) for seq in seqs], repeats)
         for seq in seqs:
             engine.truncate(seq, context_tokens)
         for seq in seqs[1:]:
             engine.release(seq)
         tick()
+    if 2 in step_sizes and 2 not in step_s:  # an engine limited to one sequence: no batching
+        step_s[2] = 2 * step_s[1]
     score_s = {}
     for size in score_sizes:
         probe = (filler * (size // len(filler) + 1))[:size]

@@ -22,7 +22,7 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 
-from .config import ConfigError, GenerationConfig
+from .config import GenerationConfig
 from .draft import Draft
 from .engines.base import Engine
 from .metrics import Metrics, StageClock
@@ -32,7 +32,7 @@ from .sampling import sample, target_probs
 from .text import TextStream
 from .thinking import ThinkingFormat
 from .verify import Verdict, verify_greedy, verify_sampled
-from .walk import Chunk, Result, Walk
+from .walk import Chunk, Walk
 
 
 class Generation(Walk):
@@ -48,8 +48,8 @@ class Generation(Walk):
         self.plan = plan_request(config, self.costs, stats or PolicyStats())  # drafting: whether, when, how
         self.spans = SpanPolicy(self.costs)  # span lengths worth a verify pass
         self.metrics = Metrics(mode=config.mode, prompt_tokens=len(prompt_ids), policy=self.plan.as_dict())
-        self.result: Result | None = None
-        self._check_context()
+        self._check_context(config.suffix.max_span + 1 + (self.plan.draft_tokens if self.plan.draft else 0),
+                            " + draft tokens" if config.uses_draft else "")
 
     # -- stages -------------------------------------------------------------------------
 
@@ -79,14 +79,8 @@ class Generation(Walk):
         if tail:
             yield Chunk("answer", tail, ())
         self.metrics.total_s = clock.now()
-        self._close_metrics(drafts, cot_ids)
-        self.result = Result(
-            reasoning=self._reasoning_text.text.strip(),
-            answer=self._answer_text.text.strip(),
-            cot_ids=cot_ids, answer_ids=self.answer_ids,
-            draft_ids=drafts[-1].token_ids if drafts else [], forced_ids=self._forced_ids,
-            metrics=self.metrics, trace=self._trace,
-        )
+        self._close_metrics(drafts)
+        self._finish(cot_ids, drafts[-1].token_ids if drafts else [])
 
     def _think(self, parent: int, pending: int, clock: StageClock):
         """Stage 1: returns (cot_ids, pending token or None, how the CoT ended, drafts).
@@ -301,14 +295,11 @@ class Generation(Walk):
         draft.seconds = clock.now() - draft.started_s
         self.metrics.seconds["draft"] += draft.seconds
 
-    def _close_metrics(self, drafts: list[Draft], cot_ids: list[int]) -> None:
+    def _close_metrics(self, drafts: list[Draft]) -> None:
         metrics = self.metrics
         accepted = [later.bootstrapped for later in drafts[1:]] + [metrics.accepted_prefix_tokens]
         metrics.stages = [draft.stage(kept) for draft, kept in zip(drafts, accepted)]
         metrics.draft_tokens = len(drafts[-1].token_ids) if drafts else 0
-        if self.stats is not None:
-            self.stats.observe(metrics, drafts[-1].token_ids if drafts else [], self.answer_ids,
-                               self.prompt_ids + cot_ids)
 
     def _make_proposer(self, cot_ids: list[int], drafts: list[Draft]) -> Proposer | None:
         kind = self.config.proposer
@@ -326,17 +317,3 @@ class Generation(Walk):
     def _drop(self, seq: int) -> None:
         self._live.discard(seq)
         self.engine.release(seq)
-
-    def _check_context(self) -> None:
-        config = self.config
-        need = (len(self.prompt_ids) + config.thinking_budget + len(self.forced_end_ids)
-                + len(self.answer_prefix_ids) + config.max_tokens + config.suffix.max_span + 1)
-        if self.plan.draft:
-            need += self.plan.draft_tokens
-        if need > self.engine.context_size:
-            raise ConfigError(
-                f"prompt ({len(self.prompt_ids)} tokens) + thinking budget + max tokens"
-                f"{' + draft tokens' if config.uses_draft else ''} need {need} tokens, "
-                f"more than the context holds ({self.engine.context_size}); lower the budgets "
-                f"or raise --context-size"
-            )

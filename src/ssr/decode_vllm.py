@@ -29,7 +29,7 @@ from .metrics import Metrics, StageClock
 from .policy import CostModel, PolicyStats, fixed_plan, plan_request
 from .text import TextStream
 from .thinking import ThinkingFormat
-from .walk import Chunk, Result, Walk
+from .walk import Chunk, Walk
 
 VLLM_MODES = ("ar", "ssr", "ssr-prefix")  # continuation proposers live inside vLLM (--speculative-method)
 BANNED_BIAS = -1e9  # logit bias that removes a token (vLLM adds it to the logits)
@@ -60,12 +60,7 @@ class VllmGeneration(Walk):
             self.plan.explain["reason"] = ("sampling on vLLM decodes plainly: exact verification needs full "
                                            "distributions, vLLM returns top-k logprobs")
         self.metrics = Metrics(mode=config.mode, prompt_tokens=len(prompt_ids), policy=self.plan.as_dict())
-        self.result: Result | None = None
-        need = len(self.prompt_ids) + config.thinking_budget + len(self.forced_end_ids) + \
-            len(self.answer_prefix_ids) + config.max_tokens
-        if need > engine.context_size:
-            raise ConfigError(f"prompt ({len(self.prompt_ids)} tokens) + thinking budget + max tokens need "
-                              f"{need} tokens; the engine holds {engine.context_size} (raise --context-size)")
+        self._check_context()  # each child's request is shorter than the parent's answer request
 
     # -- stages -------------------------------------------------------------------------
 
@@ -95,7 +90,9 @@ class VllmGeneration(Walk):
         if tail:
             yield Chunk("answer", tail, ())
         self.metrics.total_s = clock.now()
-        self._close_metrics(drafts, cot_ids)
+        used = _latest_usable(drafts)
+        self._close_metrics(drafts, used)
+        self._finish(cot_ids, used.token_ids if used else [])
 
     def _think(self, cot_ids: list[int], drafts: list[Child], clock: StageClock):
         """Stage 1: fills cot_ids and drafts; returns how the CoT ended."""
@@ -128,7 +125,7 @@ class VllmGeneration(Walk):
         if tail:
             yield Chunk("reasoning", tail, ())
         for draft in drafts:  # outstanding children end with the parent's CoT
-            self._finish(draft, clock)
+            self._finish_draft(draft, clock)
         self.metrics.cot_tokens, self.metrics.cot_end = len(cot_ids), cot_end
         return cot_end
 
@@ -206,13 +203,13 @@ class VllmGeneration(Walk):
     def _fork(self, cot_ids: list[int], drafts: list[Child], clock: StageClock) -> None:
         """A draft child from CoT[:b]: the previous one (if running) is aborted, its draft kept."""
         if drafts:
-            self._finish(drafts[-1], clock)
+            self._finish_draft(drafts[-1], clock)
         context = self.prompt_ids + cot_ids + self.forced_end_ids + self.answer_prefix_ids
         draft = Child(seq=None, forked_at=len(cot_ids), started_s=clock.now())
         draft.request = self._submit("draft", context, self._params(self.plan.draft_tokens, greedy=True))
         drafts.append(draft)
 
-    def _finish(self, draft: Child, clock: StageClock) -> None:
+    def _finish_draft(self, draft: Child, clock: StageClock) -> None:
         request = draft.request
         if request is None:
             return
@@ -240,20 +237,13 @@ class VllmGeneration(Walk):
             max_tokens=max(1, max_tokens), stop_token_ids=sorted(self.engine.eos_ids), detokenize=detokenize,
             include_stop_str_in_output=True, skip_special_tokens=False, **randomness, **extra)
 
-    def _close_metrics(self, drafts: list[Child], cot_ids: list[int]) -> None:
+    def _close_metrics(self, drafts: list[Child], used: Child | None) -> None:
         metrics = self.metrics
-        used = _latest_usable(drafts)
         # a superseded child hands nothing on (no bootstrapping here): 0 accepted by the next stage
         metrics.stages = [dict(draft.stage(metrics.accepted_prefix_tokens if draft is used else 0),
                                cached_tokens=draft.cached_tokens, used=draft is used) for draft in drafts]
         metrics.draft_tokens = len(used.token_ids) if used else 0
         metrics.engine["requests"] = len(self._open)
-        self.result = Result(
-            reasoning=self._reasoning_text.text.strip(), answer=self._answer_text.text.strip(),
-            cot_ids=cot_ids, answer_ids=self.answer_ids, draft_ids=used.token_ids if used else [],
-            forced_ids=self._forced_ids, metrics=metrics, trace=self._trace)
-        if self.stats is not None:
-            self.stats.observe(metrics, self.result.draft_ids, self.answer_ids, self.prompt_ids + cot_ids)
 
 
 def _latest_usable(drafts: list[Child]) -> Child | None:

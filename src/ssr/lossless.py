@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .decode import Result
+from .walk import Result
 from .engines.base import Engine
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 import time
 from dataclasses import asdict, dataclass, field
 
+from .config import DRAFT_MODES
+
 STAGES = ("prefill", "cot", "draft", "verify", "continuation")
 
 
@@ -44,7 +46,7 @@ class Metrics:
             f"answer {self.answer_tokens} tok, first after {self.first_answer_token_s:.2f}s",
         ]
         explain = self.policy.get("explain", {})
-        if explain.get("policy") == "auto" and not self.stages and self.mode in ("ssr", "ssr-prefix", "ssr-suffix"):
+        if explain.get("policy") == "auto" and not self.stages and self.mode in DRAFT_MODES:
             parts.append(f"policy: {explain.get('reason', '')}")
         if len(self.stages) > 1:
             parts.append(f"{len(self.stages)} stages, bootstrapped "

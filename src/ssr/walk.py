@@ -51,6 +51,31 @@ class Walk:
         self.stats = stats  # earlier requests (updated when this one ends), for the policy
         self.answer_ids: list[int] = []
 
+    def _check_context(self, extra_tokens: int = 0, extra_what: str = "") -> None:
+        """The request must fit the engine: prompt + b_v + forced tokens + max tokens, plus
+        what the walk needs besides (`extra_tokens`, named by `extra_what`)."""
+        from .config import ConfigError
+
+        config = self.config
+        need = (len(self.prompt_ids) + config.thinking_budget + len(self.forced_end_ids)
+                + len(self.answer_prefix_ids) + config.max_tokens + extra_tokens)
+        if need > self.engine.context_size:
+            raise ConfigError(
+                f"prompt ({len(self.prompt_ids)} tokens) + thinking budget + max tokens{extra_what} need {need} "
+                f"tokens, more than the context holds ({self.engine.context_size}); lower the budgets or raise "
+                f"--context-size"
+            )
+
+    def _finish(self, cot_ids: list[int], draft_ids: list[int]) -> None:
+        """The result, and the policy statistics told about this request. Needs the walk's
+        `_reasoning_text`, `_forced_ids` and `_trace`."""
+        self.result = Result(
+            reasoning=self._reasoning_text.text.strip(), answer=self._answer_text.text.strip(),
+            cot_ids=cot_ids, answer_ids=self.answer_ids, draft_ids=draft_ids, forced_ids=self._forced_ids,
+            metrics=self.metrics, trace=self._trace)
+        if self.stats is not None:
+            self.stats.observe(self.metrics, draft_ids, self.answer_ids, self.prompt_ids + cot_ids)
+
     def __iter__(self) -> Iterator[Chunk]:
         return self._run()
 

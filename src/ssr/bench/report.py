@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..config import DRAFT_MODES
 from ..metrics import STAGES
 
 MODE_ORDER = ("ar", "ssr", "ssr-prefix", "ssr-suffix", "suffix", "pld")
@@ -145,7 +146,7 @@ def drafting_table(rows: list[dict]) -> list[dict]:
     its bootstrapped tokens at the child's own seconds per written token)."""
     groups: dict[tuple[str, str], list[dict]] = defaultdict(list)
     for row in rows:
-        if "policy" in row["metrics"] and row["mode"] in ("ssr", "ssr-prefix", "ssr-suffix"):
+        if "policy" in row["metrics"] and row["mode"] in DRAFT_MODES:
             groups[(group_name(row), row["mode"])].append(row["metrics"])
     table = []
     for (suite, mode), metrics in sorted(groups.items()):
