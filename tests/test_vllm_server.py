@@ -12,11 +12,32 @@ from test_server import _metric, serve  # noqa: E402
 pytestmark = pytest.mark.vllm
 
 
+def _vllm_processes() -> set[int]:
+    """Process ids of vLLM's engine processes (EngineCore, workers) on this machine."""
+    from pathlib import Path
+
+    found = set()
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and (proc / "cmdline").read_bytes().startswith(b"VLLM::"):
+                found.add(int(proc.name))
+        except OSError:
+            pass
+    return found
+
+
 @pytest.fixture(scope="module")
 def server():
+    import time
+
+    before = _vllm_processes()
     yield from serve(["--engine", "vllm", "--context-size", "2048", "--thinking-budget", "48", "--draft-at", "16",
                       "--draft-tokens", "24", "--max-tokens", "32", "--policy", "fixed"],
                      start_s=600)  # vLLM compiles the model on a CPU
+    deadline = time.time() + 60
+    while _vllm_processes() - before and time.time() < deadline:
+        time.sleep(1)
+    assert not _vllm_processes() - before, "the stopped server left vLLM engine processes running"
 
 
 def test_chat_on_vllm_matches_ar_and_reports_ssr_metrics(server):

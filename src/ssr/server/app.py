@@ -34,6 +34,11 @@ def create_app(model, served_name: str, max_queue: int = 16, timeout_s: float = 
     async def lifespan(_):
         yield
         scheduler.stop()
+        # here, not after uvicorn.run: on SIGTERM uvicorn re-raises the signal once shut down,
+        # and vLLM's engine processes would outlive the server
+        close = getattr(model.engine, "close", None)
+        if close is not None:
+            close()
 
     app = FastAPI(title="ssr", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
     app.state.scheduler = scheduler
