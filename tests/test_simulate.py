@@ -51,20 +51,24 @@ def bench_row(engine, prompt, mode, item, **overrides) -> dict:
             "cot_ids": result.cot_ids, "forced_ids": result.forced_ids, "answer_ids": result.answer_ids,
             "draft_ids": result.draft_ids, "metrics": result.metrics.as_dict(),
             "config": asdict(generation.config), "answer_prefix_ids": generation.answer_prefix_ids,
+            "forced_end_ids": generation.forced_end_ids,
             "trace": result.trace}
 
 
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("draft_at", [0, 12, 39])
-def test_replay_reproduces_acceptance(mode, draft_at):
-    """Without span cutting (it depends on learnt costs) acceptance is replayed exactly."""
+@pytest.mark.parametrize("order", [1, 3])  # order 1 repeats itself: many CoT and answer spans
+def test_replay_reproduces_acceptance(mode, draft_at, order):
+    """Without span cutting (it depends on learnt costs) acceptance is replayed exactly: the
+    replay runs the decoding loop itself."""
     for item, prompt in enumerate(PROMPTS):
-        row = bench_row(FakeEngine(), prompt, mode, str(item), draft_at=draft_at, adaptive_spans=False)
+        row = bench_row(FakeEngine(order=order), prompt, mode, str(item), draft_at=draft_at, adaptive_spans=False)
         replayed = replay(row, gpu_preset(), config_from_dict(row["config"]), row["answer_prefix_ids"])
         metrics = row["metrics"]
         assert replayed.accepted_prefix_tokens == metrics["accepted_prefix_tokens"]
         assert replayed.suffix_accepted_tokens == metrics["suffix_accepted_tokens"]
         assert replayed.answer_tokens == metrics["answer_tokens"]
+        assert replayed.cot_accepted_tokens == metrics["cot_accepted_tokens"]
 
 
 @pytest.mark.parametrize("spans, adaptive", [("policy", False), ("recorded", True)])

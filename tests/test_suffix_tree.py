@@ -1,4 +1,5 @@
 """Suffix tree against a brute-force oracle on random token streams."""
+import random
 import numpy as np
 import pytest
 
@@ -115,3 +116,22 @@ def test_prompt_lookup_proposer():
     assert proposer.propose(1) == ([7], None)
     proposer.observe([42])
     assert proposer.propose(3) == ([], None)
+
+
+def _prompt_lookup_oracle(tokens, max_ngram, num_tokens):
+    """transformers' search, written plainly: n from max_ngram down to 1, earliest match first."""
+    for size in range(min(max_ngram, len(tokens) - 1), 0, -1):
+        for start in range(len(tokens) - size):
+            if tokens[start:start + size] == tokens[-size:]:
+                return tokens[start + size:start + size + num_tokens]
+    return []
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_prompt_lookup_matches_brute_force(seed):
+    rng = random.Random(seed)
+    tokens = [rng.randrange(6) for _ in range(rng.randrange(1, 12))]
+    proposer = PromptLookupProposer(tokens)
+    for _ in range(40):
+        assert proposer.propose(10)[0] == _prompt_lookup_oracle(proposer.tokens, 2, 10)
+        proposer.observe([rng.randrange(6) for _ in range(rng.randrange(1, 3))])

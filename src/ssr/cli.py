@@ -41,10 +41,11 @@ def build_parser() -> argparse.ArgumentParser:
     add_generation_arguments(gen)
     gen.add_argument("--stream", action="store_true", help="print reasoning and answer as they come")
     gen.add_argument("--json", action="store_true", help="print one JSON object: text and metrics")
+    gen.set_defaults(usage=gen.format_usage)  # printed when no prompt is given
 
     bench = commands.add_parser("bench", help="run modes side by side on benchmark items; print ratios to ar")
     bench.add_argument("--suite", action="append", dest="suites",
-                       help="humaneval, classeval or longproc:<task>; repeatable (default classeval)")
+                       help="functions, humaneval, classeval or longproc:<task>; repeatable (default classeval)")
     bench.add_argument("--limit", type=int, default=10, help="items per suite (default 10)")
     bench.add_argument("--modes", default="ar,ssr", help=f"comma-separated, from {', '.join(MODES)}")
     bench.add_argument("--repeats", type=int, default=1, help="passes over the items, order alternating")
@@ -150,6 +151,9 @@ def add_generation_arguments(parser: argparse.ArgumentParser, with_mode: bool = 
                         help="sampling: exact rejection sampling or approx (resample from target)")
     parser.add_argument("--verify-chunk", type=int, default=defaults.verify_chunk,
                         help="draft tokens in the first verify pass; doubles while all are accepted")
+    parser.add_argument("--repetition-stop", type=int, default=defaults.repetition_stop,
+                        help="end the reasoning or the answer when its last N lines repeat a block of up to 4 "
+                             "lines (digits ignored); the same in every mode (default %(default)s; 0 = off)")
     parser.add_argument("--all-spans", action="store_true",
                         help="verify every proposed span whole (default: cut spans to what measured costs justify)")
 
@@ -159,7 +163,8 @@ def generation_config(args: argparse.Namespace) -> GenerationConfig:
     return GenerationConfig(
         mode=getattr(args, "mode", "ar"), sampling=sampling, thinking_budget=args.thinking_budget,
         max_tokens=args.max_tokens, draft_at=args.draft_at, draft_tokens=args.draft_tokens,
-        draft_interval=args.draft_interval, policy=args.policy, verify=args.verify, verify_chunk=args.verify_chunk, adaptive_spans=not args.all_spans,
+        draft_interval=args.draft_interval, policy=args.policy, verify=args.verify, verify_chunk=args.verify_chunk,
+        adaptive_spans=not args.all_spans, repetition_stop=args.repetition_stop,
     )
 
 
@@ -228,6 +233,10 @@ def read_prompt(args: argparse.Namespace) -> str:
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
+    if args.prompt is None and not args.prompt_file:
+        sys.stderr.write(args.usage() + '\nexample: ssr generate "Write a Python function that checks whether a '
+                         'number is prime."\n(ssr generate --help lists every option)\n')
+        return 2
     config = generation_config(args)  # validate flags before loading anything
     prompt = read_prompt(args)
     model = load_model(args)
@@ -257,7 +266,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         if result.reasoning:
             print(f"{dim}{result.reasoning}{reset}\n")
         print(result.answer)
-    print(result.metrics.summary(), file=sys.stderr)
+    print(f"{dim}{result.metrics.plain()}{reset}", file=sys.stderr)
     return 0
 
 

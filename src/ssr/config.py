@@ -42,12 +42,15 @@ class SamplingParams:
 
 @dataclass(frozen=True)
 class SuffixParams:
-    """Suffix-decoding proposer (ArcticInference-style suffix tree)."""
+    """Suffix-decoding proposer (ArcticInference-style suffix tree). The ssr modes' defaults
+    propose generously (spans up to 4x the match length, down to 2% estimated probability) and
+    let the span policy price them on the engine's cost curve: long where verification is
+    nearly free, short on a CPU. The `suffix` peer uses vLLM's defaults (proposers.PEER_SUFFIX)."""
 
     max_depth: int = 64  # longest pattern + continuation stored in the tree
-    max_span: int = 32  # longest span proposed in one verify pass
-    span_factor: float = 1.0  # span length allowed per matched token
-    min_prob: float = 0.1  # stop a span when its cumulative estimated probability drops below
+    max_span: int = 64  # longest span proposed in one verify pass
+    span_factor: float = 4.0  # span length allowed per matched token
+    min_prob: float = 0.02  # stop a span when its cumulative estimated probability drops below
 
     def __post_init__(self) -> None:
         _check(self.max_depth >= 2, f"suffix max_depth must be >= 2, got {self.max_depth}")
@@ -70,6 +73,7 @@ class GenerationConfig:
     suffix: SuffixParams = field(default_factory=SuffixParams)
     adaptive_spans: bool = True  # cut spans to what the measured engine costs make worth it
     verify_chunk: int = 16  # draft tokens in the first verify pass; doubles while all accepted
+    repetition_stop: int = 16  # CoT or answer ends when its last N lines repeat a block (text.LoopGuard); 0 = off
 
     def __post_init__(self) -> None:
         _check(self.mode in MODES, f"--mode must be one of {', '.join(MODES)}, got {self.mode!r}")
@@ -81,6 +85,8 @@ class GenerationConfig:
         _check(self.policy in POLICIES, f"--policy must be one of {', '.join(POLICIES)}, got {self.policy!r}")
         _check(self.draft_interval >= 0, f"--draft-interval must be >= 0, got {self.draft_interval}")
         _check(self.verify_chunk >= 1, f"--verify-chunk must be >= 1, got {self.verify_chunk}")
+        _check(self.repetition_stop == 0 or self.repetition_stop >= 2,
+               f"--repetition-stop must be 0 (off) or >= 2 lines, got {self.repetition_stop}")
         if self.uses_draft:
             _check(
                 self.draft_at < self.thinking_budget,

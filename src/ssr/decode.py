@@ -4,11 +4,13 @@ The request walks four stages:
   1. think    - the parent writes its CoT; at b_d a draft child forks, is forced
                 to end thinking and writes up to m answer tokens, batched with the parent;
                 multi-stage: at b2, b3, ... a new child forks, bootstrapped from the
-                previous draft (verified on the new child, kept up to the first mismatch)
+                previous draft (verified on the new child, kept up to the first mismatch);
+                while no child lives, the proposer's spans over prompt + CoT so far are
+                verified in one pass each (the CoT is speculated too)
   2. close    - the parent's CoT ends (its end marker, EOS or b_v); the end marker and
                 answer prefix are forced and the latest draft verified (chunks, early exit)
-  3. continue - a proposer (suffix tree over prompt, CoT and draft) guesses spans;
-                each span is verified in one pass, the longest match kept
+  3. continue - the same proposer (suffix tree over prompt, drafts and the output so far)
+                guesses spans; each span is verified in one pass, the longest match kept
   4. finish   - outstanding children released, metrics closed
 Whether and when children fork, how long they write and how the draft is verified is
 the policy's plan (policy.py: measured costs under `--policy auto`, the flags under
@@ -26,8 +28,8 @@ from .config import GenerationConfig
 from .draft import Draft
 from .engines.base import Engine
 from .metrics import Metrics, StageClock
-from .policy import CostModel, PolicyStats, SpanPolicy, plan_request
-from .proposers import PromptLookupProposer, Proposer, SuffixProposer
+from .policy import CostModel, Plan, PolicyStats, SpanPolicy, plan_request
+from .proposers import PEER_SUFFIX, PromptLookupProposer, Proposer, SuffixProposer
 from .sampling import sample, target_probs
 from .text import TextStream
 from .thinking import ThinkingFormat
@@ -40,13 +42,18 @@ class Generation(Walk):
 
     def __init__(self, engine: Engine, fmt: ThinkingFormat, config: GenerationConfig,
                  prompt_ids: Sequence[int], banned_ids: Sequence[int] = (),
-                 costs: CostModel | None = None, stats: PolicyStats | None = None) -> None:
+                 costs: CostModel | None = None, stats: PolicyStats | None = None,
+                 proposer: Proposer | None = None, plan: Plan | None = None) -> None:
         super().__init__(engine, fmt, config, prompt_ids, stats)
+        self._proposer = proposer  # spans from this proposer instead of the mode's (`ssr simulate --spans recorded`)
         self.banned_ids = np.asarray(sorted(banned_ids), dtype=np.int64)  # -inf while thinking
         self.rng = np.random.default_rng(config.sampling.seed)
+        self._now = getattr(engine, "clock", time.perf_counter)  # a replay engine models its own seconds
         self.costs = costs or CostModel()  # engine costs, learnt from this request's calls
-        self.plan = plan_request(config, self.costs, stats or PolicyStats())  # drafting: whether, when, how
-        self.spans = SpanPolicy(self.costs)  # span lengths worth a verify pass
+        # drafting: whether, when, how (`plan` given: a replay of a run's own plan)
+        self.plan = plan or plan_request(config, self.costs, stats or PolicyStats())
+        self.spans = SpanPolicy(self.costs)  # answer span lengths worth a verify pass
+        self.cot_spans = SpanPolicy(self.costs)  # the same for CoT spans (they are accepted less)
         self.metrics = Metrics(mode=config.mode, prompt_tokens=len(prompt_ids), policy=self.plan.as_dict())
         self._check_context(config.suffix.max_span + 1 + (self.plan.draft_tokens if self.plan.draft else 0),
                             " + draft tokens" if config.uses_draft else "")
@@ -54,19 +61,22 @@ class Generation(Walk):
     # -- stages -------------------------------------------------------------------------
 
     def _run(self) -> Iterator[Chunk]:
-        clock = StageClock(self.metrics)
+        clock = StageClock(self.metrics, self._now)
         self._live: set[int] = set()
         self._trace: list[dict] = []
         self.answer_ids: list[int] = []
         try:
             parent = self._own(self.engine.prefill(self.prompt_ids[:-1]))
             since = clock.add("prefill", 0.0)
-            # 1. think (a draft child forks at b_d)
-            cot_ids, pending, cot_end, drafts = yield from self._think(parent, self.prompt_ids[-1], clock)
+            proposer = self._proposer or self._make_proposer()  # over the whole output: CoT, then answer
+            # 1. think (a draft child forks at b_d; CoT spans while none lives)
+            cot_ids, pending, cot_end, drafts = yield from self._think(parent, self.prompt_ids[-1], clock, proposer)
             since = clock.add("cot", since)
             # 2. close the CoT, verify the latest draft
             draft = drafts[-1] if drafts else None
-            proposer = self._make_proposer(cot_ids, drafts)
+            if proposer is not None:
+                for each in drafts:  # spans may copy from every stage's draft
+                    proposer.add_source(self.answer_prefix_ids + each.token_ids)
             yield from self._close(parent, pending, cot_end, draft, proposer)
             self.metrics.first_answer_token_s = since = clock.add("verify", since)
             # 3. continue
@@ -82,10 +92,11 @@ class Generation(Walk):
         self._close_metrics(drafts)
         self._finish(cot_ids, drafts[-1].token_ids if drafts else [])
 
-    def _think(self, parent: int, pending: int, clock: StageClock):
+    def _think(self, parent: int, pending: int, clock: StageClock, proposer: Proposer | None):
         """Stage 1: returns (cot_ids, pending token or None, how the CoT ended, drafts).
         A child forks at each stage budget of the plan, bootstrapped from the previous
-        child's draft; only the latest child is alive (it rides in the parent's step)."""
+        child's draft; only the latest child is alive (it rides in the parent's step).
+        While none is alive, proposed spans are verified (never across a stage budget)."""
         config, metrics = self.config, self.metrics
         self._reasoning_text = stream = TextStream(self.fmt.end, shown=self.fmt.steer)
         if self.fmt.steer:  # prefilled by the prompt, shown as the reasoning's start
@@ -98,8 +109,17 @@ class Generation(Walk):
             if stages and len(cot_ids) == stages[0]:
                 stages.pop(0)
                 drafts.append(self._fork_draft(parent, pending, len(cot_ids), clock, drafts[-1] if drafts else None))
-            batch = [(parent, pending)]
             child = drafts[-1] if drafts and drafts[-1].seq is not None else None
+            if child is None and proposer is not None:
+                room = min([config.thinking_budget] + stages[:1]) - len(cot_ids) - 1  # tokens after the bonus
+                span, probs = self._propose(proposer, room, self.cot_spans)
+                if span:
+                    pending, end = yield from self._cot_span(parent, pending, span, probs, cot_ids, stream, proposer)
+                    if end:
+                        cot_end = end
+                        break
+                    continue
+            batch = [(parent, pending)]
             if child is not None:
                 batch.append((child.seq, child.token_ids[-1]))
             logits = self._step(batch)  # [len(batch), vocab]
@@ -113,6 +133,8 @@ class Generation(Walk):
             if chunk:
                 yield chunk
             pending = None if end == "eos" else token
+            if proposer is not None and pending is not None:
+                proposer.observe([token])
             if end:
                 cot_end = end
                 break
@@ -124,6 +146,33 @@ class Generation(Walk):
                 self._finish_draft(draft, clock)
         metrics.cot_tokens, metrics.cot_end = len(cot_ids), cot_end
         return cot_ids, pending, cot_end, drafts
+
+    def _cot_span(self, parent: int, pending: int, span: list[int], probs: list[float] | None,
+                  cot_ids: list[int], stream: TextStream, proposer: Proposer):
+        """One speculative CoT pass, as in stage 3 but under the CoT's rules (banned tokens,
+        end marker, EOS, loops): returns (pending token or None, how the CoT ended or "")."""
+        base, start, at = self.engine.length(parent), self._now(), len(cot_ids)
+        rows = self._score(parent, [pending] + span).copy()  # 2. [k + 1, vocab]
+        rows[:, self.banned_ids] = -np.inf
+        verdict = self._verdict(span, rows)  # 3.
+        committed = span[: verdict.num_accepted] + [verdict.next_token]
+        end, fed = "", 0  # fed: tokens processed; the last of them becomes pending
+        for token in committed:
+            fed += 1
+            chunk, end = self._cot_token(token, cot_ids, stream)
+            if chunk:
+                yield chunk
+            if end:
+                break
+        self.engine.truncate(parent, base + fed)  # 4. pending + the tokens before the new pending
+        kept = committed[: fed - 1 if end == "eos" else fed]  # EOS is not part of the CoT
+        proposer.observe(kept)  # 5.
+        self.cot_spans.observe(len(span), probs, verdict.num_accepted, self._now() - start)
+        self.metrics.cot_passes += 1
+        self.metrics.cot_proposed_tokens += len(span)
+        self.metrics.cot_accepted_tokens += min(verdict.num_accepted, fed)
+        self._trace.append({"kind": "cot_span", "at": at, "proposed": len(span), "accepted": verdict.num_accepted})
+        return (None if end == "eos" else committed[fed - 1]), end
 
     def _close(self, parent: int, pending: int | None, cot_end: str, draft: Draft | None,
                proposer: Proposer | None) -> Iterator[Chunk]:
@@ -142,7 +191,7 @@ class Generation(Walk):
             self._trace.append({"kind": "draft", "forked_at": draft.forked_at, "proposed": len(draft_ids),
                                 "accepted": num_accepted})
         if proposer is not None:
-            proposer.observe(self.answer_prefix_ids)
+            proposer.observe(forced)
         prefix = self.fmt.answer_prefix.lstrip()
         self._answer_text = TextStream(shown=prefix)
         if prefix:
@@ -188,49 +237,52 @@ class Generation(Walk):
         metrics = self.metrics
         while not metrics.stop:
             pending = self.answer_ids[-1]
-            span, probs = self._propose(proposer)  # 1.
+            span, probs = self._propose(proposer, self.config.max_tokens - len(self.answer_ids), self.spans)  # 1.
             if not span:
                 rows = self._step([(parent, pending)])  # [1, vocab]
                 yield from self._commit([self._verdict([], rows).next_token], proposer)
                 continue
-            base, start = self.engine.length(parent), time.perf_counter()
+            base, start = self.engine.length(parent), self._now()
             rows = self._score(parent, [pending] + span)  # 2. [k + 1, vocab]
             verdict = self._verdict(span, rows)  # 3.
             self.engine.truncate(parent, base + 1 + verdict.num_accepted)  # 4.
             metrics.verify_passes += 1
             metrics.suffix_proposed_tokens += len(span)
             metrics.suffix_accepted_tokens += verdict.num_accepted
-            self.spans.observe(len(span), probs, verdict.num_accepted, time.perf_counter() - start)  # 5.
-            self._trace.append({"kind": "span", "proposed": len(span), "accepted": verdict.num_accepted})
+            self.spans.observe(len(span), probs, verdict.num_accepted, self._now() - start)  # 5.
+            self._trace.append({"kind": "span", "at": len(self.answer_ids), "proposed": len(span),
+                                "accepted": verdict.num_accepted})
             yield from self._commit(span[: verdict.num_accepted] + [verdict.next_token], proposer)
 
-    def _propose(self, proposer: Proposer | None) -> tuple[list[int], list[float] | None]:
-        """A span to verify (cut by the span policy) and the proposer's probabilities for it."""
-        if proposer is None:
+    def _propose(self, proposer: Proposer | None, room: int, spans: SpanPolicy) -> tuple[list[int], list[float] | None]:
+        """A span of at most `room` tokens to verify and the proposer's probabilities for it; in
+        the ssr modes cut by the span policy (the peers `suffix` and `pld` verify what they propose,
+        as their users run them)."""
+        if proposer is None or room <= 0:
             return [], None
-        span, probs = proposer.propose(self.config.max_tokens - len(self.answer_ids))
-        if span and self.config.adaptive_spans:
-            span = self.spans.cut(span, probs)
+        span, probs = proposer.propose(room)
+        if span and self.config.adaptive_spans and self.config.uses_draft:
+            span = spans.cut(span, probs)
         return span, probs
 
     # -- helpers ------------------------------------------------------------------------
 
     def _step(self, batch: list[tuple[int, int]]) -> np.ndarray:
         """engine.step, timed: solo steps teach the cost model."""
-        start = time.perf_counter()
+        start = self._now()
         rows = self.engine.step(batch)
         self.metrics.decode_steps += 1
         if len(batch) == 1:
-            self.costs.observe_step(time.perf_counter() - start)
+            self.costs.observe_step(self._now() - start)
         else:
             self.metrics.batched_steps += 1
         return rows
 
     def _score(self, seq: int, token_ids: list[int]) -> np.ndarray:
         """engine.score, timed for the cost model."""
-        start = time.perf_counter()
+        start = self._now()
         rows = self.engine.score(seq, token_ids)
-        self.costs.observe_score(len(token_ids), time.perf_counter() - start)
+        self.costs.observe_score(len(token_ids), self._now() - start)
         return rows
 
     def _verdict(self, draft_ids: list[int], target_logits: np.ndarray,
@@ -258,10 +310,10 @@ class Generation(Walk):
             self._grow_draft(draft, rows[-1], clock)
             return draft
         old_ids = previous.token_ids[: self._draft_limit() - 1]  # room for the token after them
-        start = time.perf_counter()
+        start = self._now()
         num_accepted, verdict, rows = self._verify_chunked(draft.seq, fed, old_ids, previous.probs,
                                                            keep_rows=not self.config.sampling.greedy)
-        draft.bootstrap_s = time.perf_counter() - start
+        draft.bootstrap_s = self._now() - start
         draft.bootstrapped = num_accepted
         draft.token_ids = old_ids[:num_accepted]
         if rows:  # sampling: the new child's distribution q at every position it now holds
@@ -301,13 +353,14 @@ class Generation(Walk):
         metrics.stages = [draft.stage(kept) for draft, kept in zip(drafts, accepted)]
         metrics.draft_tokens = len(drafts[-1].token_ids) if drafts else 0
 
-    def _make_proposer(self, cot_ids: list[int], drafts: list[Draft]) -> Proposer | None:
+    def _make_proposer(self) -> Proposer | None:
+        """One proposer for the request's output, seeded with the prompt (drafts join at the close)."""
         kind = self.config.proposer
         if kind == "suffix":
-            seeds = [self.prompt_ids, cot_ids] + [self.answer_prefix_ids + draft.token_ids for draft in drafts]
-            return SuffixProposer(self.config.suffix, seeds)
+            params = self.config.suffix if self.config.uses_draft else PEER_SUFFIX
+            return SuffixProposer(params, [self.prompt_ids])
         if kind == "pld":
-            return PromptLookupProposer(self.prompt_ids + cot_ids)
+            return PromptLookupProposer(self.prompt_ids)
         return None
 
     def _own(self, seq: int) -> int:

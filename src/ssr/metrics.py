@@ -22,7 +22,10 @@ class Metrics:
     accepted_prefix_tokens: int = 0  # draft tokens accepted in the prefix verify pass
     suffix_proposed_tokens: int = 0  # tokens proposed by the continuation proposer
     suffix_accepted_tokens: int = 0  # of those, accepted
-    verify_passes: int = 0  # score passes over a draft or a span
+    verify_passes: int = 0  # score passes over a draft or an answer span
+    cot_proposed_tokens: int = 0  # CoT tokens proposed by the proposer (CoT speculation)
+    cot_accepted_tokens: int = 0  # of those, accepted
+    cot_passes: int = 0  # score passes over CoT spans
     decode_steps: int = 0  # single-token steps (batched with a draft child or not)
     batched_steps: int = 0  # of those, steps that carried a draft child too
     # wall seconds per stage; "draft" is the child's lifetime, concurrent with "cot"
@@ -65,15 +68,50 @@ class Metrics:
         return " | ".join(parts)
 
 
+    def plain(self) -> str:
+        """One line for a person: time, tokens, what SSR did and why (summary() has the details)."""
+        s = self.seconds
+        ended = {"budget": " (thinking budget reached)", "repetition": " (ended: it was repeating itself)"}
+        stopped = {"max_tokens": " (cut at --max-tokens)", "repetition": " (ended: it was repeating itself)"}
+        answer_s = s["verify"] + s["continuation"]
+        parts = [f"{self.total_s:.1f} s: thought {self.cot_tokens} tokens in {s['cot']:.1f} s"
+                 f"{ended.get(self.cot_end, '')}, answered {self.answer_tokens} tokens in {answer_s:.1f} s"
+                 f"{stopped.get(self.stop, '')}"]
+        if self.mode == "ar":
+            parts.append("plain decoding (--mode ar)")
+        if self.draft_tokens:
+            parts.append(f"a draft answer written while thinking: {self.accepted_prefix_tokens} of its "
+                         f"{self.draft_tokens} tokens kept")
+        elif self.mode in DRAFT_MODES:
+            parts.append(_no_draft_reason(self.policy.get("explain", {})))
+        if self.suffix_accepted_tokens:
+            parts.append(f"{self.suffix_accepted_tokens} answer tokens copied from the prompt and reasoning, "
+                         f"checked {self.verify_passes} passes at a time instead of decoded one by one")
+        elif self.mode != "ar":
+            parts.append("nothing to copy from the prompt or reasoning")
+        return "; ".join(parts) + " (same tokens as plain decoding; --json for details)"
+
+
+def _no_draft_reason(explain: dict) -> str:
+    predicted = explain.get("predicted_s", {})
+    if explain.get("policy") == "auto" and predicted:
+        cost = predicted["per_draft_token_batched"]
+        saved = predicted["per_answer_token_without_draft"] - predicted["per_draft_token_verified"]
+        return (f"no draft answer: it would cost {-predicted['net_gain_per_draft']:.1f} s more than it saves on "
+                f"this machine (a draft token {cost * 1e3:.0f} ms, a used one saves {max(0.0, saved) * 1e3:.0f} ms)")
+    return "no draft answer (" + explain.get("reason", "not planned") + ")"
+
+
 class StageClock:
     """Adds wall time to Metrics.seconds[stage]."""
 
-    def __init__(self, metrics: Metrics) -> None:
+    def __init__(self, metrics: Metrics, clock=time.perf_counter) -> None:
         self.metrics = metrics
-        self.start = time.perf_counter()
+        self.clock = clock  # seconds, monotonic (a replay engine's modelled clock in `ssr simulate`)
+        self.start = clock()
 
     def now(self) -> float:
-        return time.perf_counter() - self.start
+        return self.clock() - self.start
 
     def add(self, stage: str, since: float) -> float:
         now = self.now()

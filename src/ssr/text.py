@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import codecs
+import re
 
 
 class TextStream:
@@ -43,3 +44,37 @@ class TextStream:
         out, self._held = self._held[:upto], self._held[upto:]
         self.text += out
         return out
+
+
+_DIGITS = re.compile(r"\d+")
+
+
+class LoopGuard:
+    """Spots runaway repetition in decoded text: the last `lines` completed lines repeat a
+    block of at most MAX_PERIOD lines, compared by shape (stripped, digits ignored: `* `,
+    `if n == 118:` / `return False`, blank). A pure function of the text, so every mode
+    trips it at the same token."""
+
+    MAX_PERIOD = 4  # longest repeated block of lines
+
+    def __init__(self, lines: int) -> None:
+        self.lines = lines  # completed lines in the repeating window; 0 = off
+        self._partial = ""  # the line being written
+        self._shapes: list[str] = []  # shapes of the last `lines` completed lines
+        self.tripped = False
+
+    def push(self, text: str) -> bool:
+        """Feed text; True once the loop is seen (and from then on)."""
+        if not self.lines or self.tripped:
+            return self.tripped
+        *done, self._partial = (self._partial + text).split("\n")
+        for line in done:
+            self._shapes = (self._shapes + [_DIGITS.sub("0", line.strip())])[-self.lines:]
+            if len(self._shapes) == self.lines and any(self._periodic(p) for p in range(1, self.MAX_PERIOD + 1)):
+                self.tripped = True
+                break
+        return self.tripped
+
+    def _periodic(self, period: int) -> bool:
+        shapes = self._shapes
+        return all(shapes[i] == shapes[i - period] for i in range(period, len(shapes)))

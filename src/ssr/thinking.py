@@ -43,6 +43,7 @@ class ThinkingFormat:
     system: str | None = None  # system instruction (templates for non-reasoning models)
     banned_while_thinking: tuple[str, ...] = ()  # tokens containing these get -inf in the CoT
     steer: str = ""  # prefilled after the start marker; shown as the start of the reasoning
+    answer_stop: str = ""  # the answer ends with the token that completes this text (a stop string)
 
 
 FORMATS = {
@@ -61,6 +62,7 @@ FORMATS = {
         system=CODE_SYSTEM,
         banned_while_thinking=("``",),
         steer=CODE_PLAN_STEER,
+        answer_stop="\n```",  # the closing fence of the answer's code block
     ),
     "plain": ThinkingFormat(
         "plain", "<think>\n", "</think>", "\n</think>", "\n\n", system=PLAIN_SYSTEM
@@ -70,7 +72,7 @@ FORMATS["cpp"] = replace(FORMATS["code"], name="cpp", answer_prefix="\n\n```cpp\
 # answers in a line format shown by examples (LongProc tom_tracking): prose notes in the
 # CoT, the format's braces banned there, the formatted trace after the end marker
 FORMATS["trace"] = replace(FORMATS["code"], name="trace", answer_prefix="\n\n", system=TRACE_SYSTEM,
-                           banned_while_thinking=("{", "}"), steer=TRACE_PLAN_STEER)
+                           banned_while_thinking=("{", "}"), steer=TRACE_PLAN_STEER, answer_stop="")
 TEMPLATE_CHOICES = ("auto", "code", "cpp", "trace", "plain")
 
 

@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from .metrics import Metrics
+from .text import LoopGuard
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,8 @@ class Walk:
         self.answer_prefix_ids = engine.tokenize(fmt.answer_prefix)  # forced after the end marker
         self.stats = stats  # earlier requests (updated when this one ends), for the policy
         self.answer_ids: list[int] = []
+        self._cot_loop = LoopGuard(config.repetition_stop)  # runaway repetition ends the CoT
+        self._answer_loop = LoopGuard(config.repetition_stop)  # ... and the answer
 
     def _check_context(self, extra_tokens: int = 0, extra_what: str = "") -> None:
         """The request must fit the engine: prompt + b_v + forced tokens + max tokens, plus
@@ -87,28 +90,42 @@ class Walk:
 
     def _cot_token(self, token: int, cot_ids: list[int], stream) -> tuple[Chunk | None, str]:
         """One CoT token -> (its reasoning text, if any; how the CoT ends: "eos" (token not kept),
-        "natural" (it completed the end marker) or "" (it goes on))."""
+        "natural" (it completed the end marker), "repetition" (it completed a loop, LoopGuard)
+        or "" (it goes on))."""
         if token in self.engine.eos_ids:
             return None, "eos"
         cot_ids.append(token)
         text = stream.push(self.engine.token_bytes(token))
-        return (Chunk("reasoning", text, (token,)) if text else None), ("natural" if stream.stopped else "")
+        chunk = Chunk("reasoning", text, (token,)) if text else None
+        if stream.stopped:
+            return chunk, "natural"
+        return chunk, ("repetition" if self._cot_loop.push(text) else "")
 
     def _commit(self, token_ids: list[int], proposer=None) -> Iterator[Chunk]:
-        """Append answer tokens up to EOS or max_tokens; sets metrics.stop when done."""
-        committed = []
+        """Append answer tokens one by one up to a stop; sets metrics.stop when done: "eos",
+        "max_tokens", "answer_stop" (the token completed the format's stop text, e.g. the
+        code block's closing fence; it is kept) or "repetition" (LoopGuard)."""
+        committed, texts = [], []
+        stop_text = self.fmt.answer_stop
         for token in token_ids:
             if token in self.engine.eos_ids:
                 self.metrics.stop = "eos"
                 break
             committed.append(token)
             self.answer_ids.append(token)
-            if len(self.answer_ids) >= self.config.max_tokens:
+            texts.append(self._answer_text.push(self.engine.token_bytes(token)))
+            shown = self._answer_text.text
+            if stop_text and stop_text in shown[-(len(texts[-1]) + len(stop_text)):]:
+                self.metrics.stop = "answer_stop"
+            elif self._answer_loop.push(texts[-1]):
+                self.metrics.stop = "repetition"
+            elif len(self.answer_ids) >= self.config.max_tokens:
                 self.metrics.stop = "max_tokens"
+            if self.metrics.stop:
                 break
         self.metrics.answer_tokens = len(self.answer_ids)
         if proposer is not None and not self.metrics.stop:
             proposer.observe(committed)
-        text = self._answer_text.push(b"".join(self.engine.token_bytes(t) for t in committed))
+        text = "".join(texts)
         if text:
             yield Chunk("answer", text, tuple(committed))

@@ -65,14 +65,25 @@ def group_name(row: dict) -> str:
     return row["suite"] if engine == "llama.cpp" else f"{row['suite']} [{engine}]"
 
 
+STAGE_KEYS = {"cot": ("cot",), "answer": ("verify", "continuation")}  # CoT and answer stages apart
+
+
+def _seconds(metrics: dict, key: str) -> float:
+    """metrics[key], or for a STAGE_KEYS name the seconds of its stages."""
+    if key in STAGE_KEYS:
+        return sum(metrics["seconds"][stage] for stage in STAGE_KEYS[key])
+    return metrics[key]
+
+
 def item_ratios(rows: list[dict], key: str = "total_s") -> dict[tuple[str, str], dict[str, float]]:
-    """(suite, mode) -> {item: mean over repeats of metrics[key] / ar's metrics[key]}."""
-    ar = {(group_name(r), r["item"], r["repeat"]): r["metrics"][key] for r in rows if r["mode"] == "ar"}
+    """(suite, mode) -> {item: mean over repeats of metrics[key] / ar's metrics[key]}; key may
+    also be "cot" or "answer" (stage seconds)."""
+    ar = {(group_name(r), r["item"], r["repeat"]): _seconds(r["metrics"], key) for r in rows if r["mode"] == "ar"}
     collected: dict[tuple[str, str], dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     for row in rows:
         base = ar.get((group_name(row), row["item"], row["repeat"]))
         if base:
-            collected[(group_name(row), row["mode"])][row["item"]].append(row["metrics"][key] / base)
+            collected[(group_name(row), row["mode"])][row["item"]].append(_seconds(row["metrics"], key) / base)
     return {group: {item: statistics.mean(v) for item, v in items.items()} for group, items in collected.items()}
 
 
@@ -80,6 +91,7 @@ def summarise(rows: list[dict]) -> list[dict]:
     """One line per (suite, mode): medians, paired ratio to ar with its interval, acceptance,
     quality and identity."""
     ratios = item_ratios(rows)
+    stage_ratios = {name: item_ratios(rows, name) for name in STAGE_KEYS}
     groups: dict[tuple[str, str], list[dict]] = defaultdict(list)
     for row in rows:
         groups[(group_name(row), row["mode"])].append(row)
@@ -95,6 +107,9 @@ def summarise(rows: list[dict]) -> list[dict]:
             "stage_s": {s: statistics.median(m["seconds"][s] for m in metrics) for s in STAGES},
             "ratio_to_ar": statistics.median(item_ratio) if item_ratio else None,
             "ratio_ci": bootstrap_median(item_ratio) if item_ratio else None,
+            "stage_ratio": {name: _median(list(by_group.get((suite, mode), {}).values()))
+                            for name, by_group in stage_ratios.items()},
+            "mean_cot_accepted": statistics.mean(m.get("cot_accepted_tokens", 0) for m in metrics),
             "mean_accepted_prefix": statistics.mean(m["accepted_prefix_tokens"] for m in metrics),
             "mean_suffix_accepted": statistics.mean(m["suffix_accepted_tokens"] for m in metrics),
             "mean_answer_tokens": statistics.mean(m["answer_tokens"] for m in metrics),
@@ -102,6 +117,10 @@ def summarise(rows: list[dict]) -> list[dict]:
             "identical": sum(bool(r["identical"]) for r in group),
         })
     return sorted(table, key=lambda t: (t["suite"], _mode_rank(t["mode"])))
+
+
+def _median(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None
 
 
 def _mode_rank(mode: str) -> int:
@@ -114,15 +133,16 @@ def _fmt(value: float | None, digits: int = 2) -> str:
 
 def format_table(table: list[dict], markdown: bool = False) -> str:
     """Plain text for the terminal, or a markdown table."""
-    columns = ["suite", "mode", "runs", "median s", "1st answer s", "ratio to ar (95% CI)",
-               "prefix acc", "suffix acc", "answer tok", "quality", "identical"]
+    columns = ["suite", "mode", "runs", "median s", "1st answer s", "ratio to ar (95% CI)", "cot ratio",
+               "answer ratio", "cot acc", "prefix acc", "suffix acc", "answer tok", "quality", "identical"]
     lines = []
     for t in table:
         ci = t["ratio_ci"]
         ratio = "-" if t["ratio_to_ar"] is None else (
             f"{t['ratio_to_ar']:.3f} ({ci[0]:.3f}-{ci[1]:.3f})" if ci else f"{t['ratio_to_ar']:.3f}")
         lines.append([t["suite"], t["mode"], str(t["runs"]), _fmt(t["median_s"]), _fmt(t["median_first_answer_s"]),
-                      ratio, _fmt(t["mean_accepted_prefix"], 1), _fmt(t["mean_suffix_accepted"], 1),
+                      ratio, _fmt(t["stage_ratio"]["cot"], 3), _fmt(t["stage_ratio"]["answer"], 3),
+                      _fmt(t["mean_cot_accepted"], 1), _fmt(t["mean_accepted_prefix"], 1), _fmt(t["mean_suffix_accepted"], 1),
                       _fmt(t["mean_answer_tokens"], 1), _fmt(t["quality"]), f"{t['identical']}/{t['runs']}"])
     return render_table(columns, lines, markdown)
 
@@ -250,7 +270,8 @@ def _plots(table: list[dict], out_dir: Path) -> list[str]:
     ax.axhline(1.0, color="black", linewidth=0.8)
     ax.set_xticks([j + width * (len(modes) - 1) / 2 for j in range(len(suites))], suites, rotation=20)
     ax.set_ylabel("latency / ar (lower is faster)")
-    ax.legend(fontsize=8)
+    if ax.get_legend_handles_labels()[1]:  # no bars when ar ran alone
+        ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(out_dir / "ratios.png", dpi=100)
     plt.close(fig)

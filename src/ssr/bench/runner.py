@@ -12,7 +12,7 @@ from .suites import Item
 
 # code tasks get a prose-plan template with the answer opened as a code block; the
 # other LongProc tasks ask for free-form procedures
-TEMPLATES = {"humaneval": "code", "classeval": "code", "longproc:pseudo_to_code": "cpp",
+TEMPLATES = {"functions": "code", "humaneval": "code", "classeval": "code", "longproc:pseudo_to_code": "cpp",
              "longproc:tom_tracking": "trace"}
 
 
@@ -39,6 +39,7 @@ def run_item(model: SSR, item: Item, modes: list[str], config: GenerationConfig,
             "suite": item.suite, "item": item.item_id, "repeat": repeat, "mode": mode, "engine": engine,
             "position": order.index(mode), "config": asdict(generations[mode].config),
             "prompt_ids": prompt_ids, "answer_prefix_ids": generations[mode].answer_prefix_ids,
+            "forced_end_ids": generations[mode].forced_end_ids,
             "metrics": result.metrics.as_dict(), "answer": result.answer,
             "identical": divergence is None, "logit_gap": divergence.logit_gap if divergence else None,
             "divergence": divergence.describe() if divergence else None,

@@ -47,7 +47,7 @@ class Score:
 def score(suite: str, reference: dict, answer: str) -> Score:
     """Dispatch on the suite name (`humaneval`, `classeval`, `longproc:<task>`)."""
     scorers = {
-        "humaneval": score_humaneval, "classeval": score_classeval,
+        "functions": score_functions, "humaneval": score_humaneval, "classeval": score_classeval,
         "longproc:pseudo_to_code": score_pseudo_to_code, "longproc:tom_tracking": score_tom_tracking,
         "longproc:countdown": score_countdown, "longproc:html_to_tsv": score_html_to_tsv,
     }
@@ -65,6 +65,16 @@ def code_block(text: str, languages: tuple[str, ...] = ("python", "py")) -> str:
 
 
 # -- code suites --------------------------------------------------------------------------
+
+
+def score_functions(reference: dict, answer: str) -> Score:
+    """All cases pass when the answer's last top-level function is called on them."""
+    from .functions import run_cases
+
+    outcome = run_cases(code_block(answer), reference["cases"])
+    return Score(1.0 if outcome["passed"] == outcome["cases"] else 0.0,
+                 {"cases_passed": outcome["passed"], "cases": outcome["cases"], "error": outcome["error"],
+                  "failures": [str(failure)[:160] for failure in outcome["failures"][:3]]})
 
 
 def score_humaneval(problem: dict, answer: str) -> Score:

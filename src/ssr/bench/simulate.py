@@ -1,17 +1,16 @@
 """Model-free replay of bench traces under a cost model (`ssr simulate`).
 
-Under greedy decoding every mode writes the same tokens, so one bench row holds all
-the model ever decided: the CoT, the draft the child wrote, the answer. Replaying a
-row walks the same loop as `decode.Generation`, with the real proposers and span
-policy, but instead of calling an engine it adds up what each call would cost:
+Under greedy decoding every mode writes the same tokens, so one bench row holds all the
+model ever decided: the CoT, the draft the child wrote, the answer. Replaying a row runs the
+real decoding loop (`decode.Generation`) on a replay engine (bench/replay.py) whose logits
+put the row's token first at every position and whose clock is the cost model: prefill,
+steps with 1 or 2 sequences, score passes of k tokens, each at its cached length. Nothing is
+mirrored by hand, so the replay cannot drift from the loop.
 
-    prefill     prefill(P - 1)
-    think       steps with 1 sequence, or 2 while the draft child lives; fork = one score
-    close       score(fed + first chunk), doubling chunks while the draft matches
-    continue    propose -> score(1 + span) or a plain step -> accept the longest match
-
-Accepted counts come from matching proposals against the row's own answer, so they
-are exact; only the seconds are modelled.
+The row's drafting plan (whether, where children forked, m, the verify chunk) is replayed
+as it was. Spans: "policy" re-decides every span with the mode's proposer and span policy
+under the cost model (a projection); "recorded" replays the run's own spans (from the
+trace), so only the cost model is under test.
 """
 from __future__ import annotations
 
@@ -20,12 +19,11 @@ from collections import defaultdict
 from dataclasses import dataclass, field, replace
 
 from ..config import GenerationConfig, SamplingParams, SuffixParams
-from ..policy import CostModel, SpanPolicy
-from ..proposers import PromptLookupProposer, SuffixProposer
 from ..costs import Costs
+from ..decode import Generation
+from ..policy import CostModel, Plan, PolicyStats, fixed_plan
+from .replay import REPLAY_FORMAT, RecordedSpans, ReplayEngine, RowModel
 from .report import group_name, render_table
-
-EOS = -1  # stands for whichever end-of-sequence token the model wrote
 
 
 @dataclass
@@ -33,6 +31,7 @@ class Replay:
     seconds: dict[str, float] = field(default_factory=lambda: defaultdict(float))  # stage -> modelled s
     accepted_prefix_tokens: int = 0
     suffix_accepted_tokens: int = 0
+    cot_accepted_tokens: int = 0
     answer_tokens: int = 0
 
     @property
@@ -40,159 +39,49 @@ class Replay:
         return sum(v for k, v in self.seconds.items() if k != "draft")
 
 
-def _common_prefix(proposed: list[int], target: list[int]) -> int:
-    count = 0
-    for a, b in zip(proposed, target):
-        if a != b:
-            break
-        count += 1
-    return count
-
-
 def replay(row: dict, costs: Costs, config: GenerationConfig, answer_prefix_ids: list[int],
-           spans: str = "policy") -> Replay:
-    """Modelled seconds of one bench row under `costs` (its own mode, greedy).
-
-    spans="policy" re-decides every span with the proposer and the span policy under
-    `costs` (a projection); spans="recorded" replays the spans the run verified (its
-    trace), so only the cost model is under test.
-    """
-    config = replace(config, mode=row["mode"])
-    out = Replay()
-    cot_ids, answer_ids = row["cot_ids"], row["answer_ids"]
-    stopped_by_eos = row["metrics"]["stop"] == "eos"
-    target = answer_ids + ([EOS] if stopped_by_eos else [])  # what the model commits
-    forced = row["forced_ids"]
-    forced_end_len = len(forced) - len(answer_prefix_ids)
-    cot_end = row["metrics"]["cot_end"]
-    prompt_len = len(row["prompt_ids"])
-    out.seconds["prefill"] = costs.prefill(prompt_len - 1)
-
-    # 1. think: one step per CoT token (and one more for an EOS); 2 sequences while the child lives
-    #    (costs are linear in the cached length, so the mean context prices a whole stage)
-    cot_steps = len(cot_ids) + (cot_end == "eos")
-    config, draft_ids = _think(out, row, costs, config, cot_steps, forced_end_len + len(answer_prefix_ids))
-
-    # 2. close: forced tokens, then the draft in chunks that double while all match
-    fed = (0 if cot_end == "eos" else 1) + len(forced)
-    checked = draft_ids[: config.max_tokens] if config.verifies_draft_prefix else []
-    if stopped_by_eos and len(checked) == len(answer_ids) + 1 and checked[:-1] == answer_ids:
-        checked = answer_ids + [EOS]  # the child ended where the model ends: with EOS
-    num_accepted = _common_prefix(checked, target)
-    chunk, scored = config.verify_chunk, min(config.verify_chunk, len(checked))
-    closed = prompt_len + cot_steps  # tokens cached when the CoT closes
-    verify_s = costs.score(fed + scored, closed)
-    while scored < len(checked) and num_accepted >= scored:
-        chunk *= 2
-        size = min(chunk, len(checked) - scored)
-        verify_s += costs.score(size, closed + fed + scored)
-        scored += size
-    out.seconds["verify"] = verify_s
-    out.accepted_prefix_tokens = num_accepted if checked else 0
-
-    # 3. continue
+           spans: str = "policy", forced_end_ids: list[int] | None = None) -> Replay:
+    """Modelled seconds of one bench row under `costs` (its own mode, greedy)."""
+    config = replace(config, mode=row["mode"], sampling=SamplingParams())
+    metrics = row["metrics"]
+    plan = _row_plan(row, config)
+    model = RowModel(
+        prompt_ids=row["prompt_ids"], cot_ids=row["cot_ids"], answer_ids=row["answer_ids"],
+        forced_end_ids=forced_end_ids if forced_end_ids is not None else _forced_end(row, answer_prefix_ids),
+        answer_prefix_ids=answer_prefix_ids, draft_ids=row["draft_ids"] if plan.draft else [],
+        draft_forked_at=(metrics.get("stages") or [{}])[-1].get("forked_at", plan.stages[-1] if plan.stages else None),
+        cot_end=metrics["cot_end"], stop=metrics["stop"], repetition_stop=config.repetition_stop)
+    engine = ReplayEngine(model, costs)
+    proposer = None
     if spans == "recorded":
-        out.seconds["continuation"] = _recorded_continuation(row, costs, cot_steps, closed + len(forced))
-        out.suffix_accepted_tokens = row["metrics"]["suffix_accepted_tokens"]
-        out.answer_tokens = row["metrics"]["answer_tokens"]
-        return out
-    proposer = _proposer(config, row, cot_ids, answer_prefix_ids, draft_ids)
-    out.seconds["continuation"], out.suffix_accepted_tokens, out.answer_tokens = _policy_continuation(
-        proposer, costs, config, target, answer_prefix_ids, num_accepted, closed + len(forced))
-    return out
+        config = replace(config, adaptive_spans=False)
+        proposer = RecordedSpans(row.get("trace", []), engine) if config.proposer else None
+    generation = Generation(engine, REPLAY_FORMAT, config, row["prompt_ids"], costs=CostModel(table=costs),
+                            stats=PolicyStats(), proposer=proposer, plan=plan)
+    result = generation.run()
+    done = result.metrics
+    return Replay(seconds=defaultdict(float, done.seconds), accepted_prefix_tokens=done.accepted_prefix_tokens,
+                  suffix_accepted_tokens=done.suffix_accepted_tokens, cot_accepted_tokens=done.cot_accepted_tokens,
+                  answer_tokens=done.answer_tokens)
 
 
-def _think(out: Replay, row: dict, costs: Costs, config: GenerationConfig, cot_steps: int,
-           forced_len: int) -> tuple[GenerationConfig, list[int]]:
-    """Stage 1's seconds into `out`: (config with the row's verify chunk, the draft verified)."""
-    prompt_len = len(row["prompt_ids"])
-    stages = row["metrics"].get("stages")  # every fork, in rows written since the policy (else None)
-    if "policy" in row["metrics"]:
-        config = replace(config, verify_chunk=row["metrics"]["policy"]["verify_chunk"])
-    if stages is None:  # older rows: one stage at the configured b_d
-        drafted = config.uses_draft and config.draft_at < cot_steps
-        stages = [{"forked_at": config.draft_at, "written": max(0, len(row["draft_ids"]) - 1)}] if drafted else []
-    draft_ids = row["draft_ids"] if stages else []
-    batched = sum(stage["written"] for stage in stages)
-    thinking = prompt_len + cot_steps // 2
-    out.seconds["cot"] = (cot_steps - batched) * costs.step(1, thinking) + batched * costs.step(2, thinking)
-    for index, stage in enumerate(stages):  # each fork: forced end, and the previous draft re-verified
-        fork_at = prompt_len + stage["forked_at"]
-        rechecked = 0 if index == 0 else min(stages[index - 1]["tokens"], stage["bootstrapped"] + config.verify_chunk)
-        out.seconds["cot"] += costs.score(1 + forced_len + rechecked, fork_at)
-        out.seconds["draft"] += stage["written"] * costs.step(2, fork_at + stage["written"] // 2)
-    return config, draft_ids
+def _row_plan(row: dict, config: GenerationConfig) -> Plan:
+    """The drafting plan the run followed (rows since the policy record it), else the flags'."""
+    recorded = row["metrics"].get("policy")
+    if recorded:
+        return Plan(draft=recorded["draft"], stages=tuple(recorded["stages"]), draft_tokens=recorded["draft_tokens"],
+                    verify_chunk=recorded["verify_chunk"], explain=recorded.get("explain", {}))
+    return fixed_plan(replace(config, policy="fixed"))
 
 
-def _policy_continuation(proposer, costs: Costs, config: GenerationConfig, target: list[int],
-                         answer_prefix_ids: list[int], num_accepted: int, answer_start: int) -> tuple[float, int, int]:
-    """Stage 3 as `Generation._continue` runs it, spans cut by the policy under `costs`:
-    (seconds, suffix-accepted tokens, answer tokens); answer_start: tokens cached before the answer."""
-    if proposer is not None:
-        proposer.observe(answer_prefix_ids)
-    spans = SpanPolicy(CostModel(step_s=costs.step(1), token_s=(costs.score(32) - costs.step(1)) / 31))
-    committed = _Commit(target, config.max_tokens, proposer)
-    committed.add(target[: num_accepted + 1])  # the draft's accepted prefix and the next token
-    seconds, suffix_accepted = 0.0, 0
-    while not committed.stopped:
-        position = committed.length
-        span, probs = proposer.propose(config.max_tokens - position) if proposer else ([], None)
-        if span and config.adaptive_spans:
-            span = spans.cut(span, probs)
-        if not span:
-            seconds += costs.step(1, answer_start + position)
-            committed.add(target[position : position + 1])
-            continue
-        pass_s = costs.score(1 + len(span), answer_start + position)
-        seconds += pass_s
-        accepted = _common_prefix(span, target[position:])
-        spans.observe(len(span), probs, accepted, pass_s)
-        suffix_accepted += accepted
-        committed.add(target[position : position + accepted + 1])
-    return seconds, suffix_accepted, committed.length
-
-
-def _recorded_continuation(row: dict, costs: Costs, cot_steps: int, answer_start: int) -> float:
-    """The run's own spans (one score pass each) plus its plain decode steps, at the answer's
-    mean context."""
-    context = answer_start + row["metrics"]["answer_tokens"] // 2
-    scored = sum(costs.score(1 + event["proposed"], context) for event in row["trace"] if event["kind"] == "span")
-    plain_steps = row["metrics"]["decode_steps"] - cot_steps
-    return scored + plain_steps * costs.step(1, context)
-
-
-class _Commit:
-    """The answer as `Generation._commit` builds it: stops at EOS or max_tokens."""
-
-    def __init__(self, target: list[int], max_tokens: int, proposer) -> None:
-        self.target, self.max_tokens, self.proposer = target, max_tokens, proposer
-        self.length, self.stopped = 0, False
-
-    def add(self, token_ids: list[int]) -> None:
-        if not token_ids:  # past the end of a max_tokens answer
-            self.stopped = True
-            return
-        kept = []
-        for token in token_ids:
-            if token == EOS:
-                self.stopped = True
-                break
-            kept.append(token)
-            self.length += 1
-            if self.length >= self.max_tokens:
-                self.stopped = True
-                break
-        if self.proposer is not None and not self.stopped:
-            self.proposer.observe(kept)
-
-
-def _proposer(config: GenerationConfig, row: dict, cot_ids, answer_prefix_ids, draft_ids):
-    if config.proposer == "suffix":
-        seeds = [row["prompt_ids"], cot_ids] + ([answer_prefix_ids + draft_ids] if draft_ids else [])
-        return SuffixProposer(config.suffix, seeds)
-    if config.proposer == "pld":
-        return PromptLookupProposer(row["prompt_ids"] + cot_ids)
-    return None
+def _forced_end(row: dict, answer_prefix_ids: list[int]) -> list[int]:
+    """The end marker the run forced (rows whose CoT ended by itself did not force one)."""
+    if row.get("forced_end_ids") is not None:
+        return row["forced_end_ids"]
+    forced = row["forced_ids"]
+    if row["metrics"]["cot_end"] != "natural" and len(forced) > len(answer_prefix_ids):
+        return forced[: len(forced) - len(answer_prefix_ids)]
+    return [-2, -3]  # unknown: a two-token marker (its ids matter to no prediction)
 
 
 def config_from_dict(data: dict) -> GenerationConfig:
@@ -212,6 +101,14 @@ def answer_prefix_of(rows: list[dict]) -> list[int]:
     return rows[0]["forced_ids"][1:] if rows else []  # fallback: a one-token end marker
 
 
+def forced_end_of(rows: list[dict], answer_prefix_ids: list[int]) -> list[int] | None:
+    """The forced end marker of a suite's rows (recorded, or read off a row that forced it)."""
+    for row in rows:
+        if row.get("forced_end_ids") is not None or row["metrics"]["cot_end"] != "natural":
+            return _forced_end(row, answer_prefix_ids)
+    return None
+
+
 def simulate(rows: list[dict], costs: Costs, config: GenerationConfig, spans: str = "policy") -> list[dict]:
     """Per row: measured and modelled seconds; rows must come from greedy runs."""
     by_suite: dict[str, list[dict]] = defaultdict(list)
@@ -220,9 +117,10 @@ def simulate(rows: list[dict], costs: Costs, config: GenerationConfig, spans: st
     out = []
     for suite_rows in by_suite.values():
         prefix = answer_prefix_of(suite_rows)
+        forced_end = forced_end_of(suite_rows, prefix)
         for row in suite_rows:
             row_config = config_from_dict(row["config"]) if isinstance(row.get("config"), dict) else config
-            result = replay(row, costs, row_config, prefix, spans)
+            result = replay(row, costs, row_config, prefix, spans, forced_end)
             out.append({"suite": group_name(row), "item": row["item"], "repeat": row["repeat"], "mode": row["mode"],
                         "measured_s": row["metrics"]["total_s"], "modelled_s": result.total_s,
                         "modelled_stages": dict(result.seconds),

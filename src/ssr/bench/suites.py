@@ -34,14 +34,18 @@ def default_data_dir() -> Path:
 
 def load_suite(name: str, data_dir: Path | None = None, limit: int | None = None) -> list[Item]:
     data_dir = data_dir or default_data_dir()
-    if name == "humaneval":
+    if name == "functions":
+        from .functions import items as function_items
+
+        items = [Item("functions", item_id, prompt, reference) for item_id, prompt, reference in function_items()]
+    elif name == "humaneval":
         items = _humaneval()
     elif name == "classeval":
         items = _classeval(data_dir)
     elif name.startswith("longproc:") and name.split(":", 1)[1] in LONGPROC_TASKS:
         items = _longproc(data_dir, name.split(":", 1)[1])
     else:
-        choices = ", ".join(["humaneval", "classeval"] + [f"longproc:{t}" for t in LONGPROC_TASKS])
+        choices = ", ".join(["functions", "humaneval", "classeval"] + [f"longproc:{t}" for t in LONGPROC_TASKS])
         raise ConfigError(f"unknown suite {name!r}: use one of {choices}")
     return items[:limit] if limit else items
 

@@ -1,0 +1,197 @@
+"""A replay engine: the model of one greedy bench row, behind the engine protocol, so that
+`ssr simulate` runs the real decoding loop (`decode.Generation`) instead of a copy of it.
+
+Under greedy decoding the row holds every decision the model made: its CoT, its answer and
+the draft its last child wrote. The engine answers each context with logits whose argmax is
+the token the model wrote there; its clock advances by the cost model instead of by
+computing. Where the row says nothing (a child forked where no child of the run forked, text
+after a stop), the engine predicts EOS: a stage the run did not record ends there.
+
+Text is not replayed: tokens decode to nothing, except the token that ended a stage in the
+run, which the engine writes as a token of its own whose text ends the stage the same way
+(the end marker, the answer's stop text, a loop). Budgets and max_tokens apply as in the run.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..costs import Costs
+from ..thinking import ThinkingFormat
+
+# placeholders the loop tokenizes; the engine maps them to the row's forced token ids
+REPLAY_FORMAT = ThinkingFormat("replay", start="", end="\x00end", forced_end="\x00forced-end",
+                               answer_prefix="\x00answer-prefix", answer_stop="\x00stop")
+
+
+@dataclass(frozen=True)
+class RowModel:
+    """What one row's model wrote (token ids)."""
+
+    prompt_ids: list[int]
+    cot_ids: list[int]
+    answer_ids: list[int]
+    forced_end_ids: list[int]  # forced when the CoT does not end itself (also on every child)
+    answer_prefix_ids: list[int]  # forced after the end marker
+    draft_ids: list[int]  # the last child's draft
+    draft_forked_at: int | None  # CoT tokens when that child forked (None: no child)
+    cot_end: str = "natural"  # how the run's CoT ended (natural, budget, eos, repetition)
+    stop: str = "eos"  # how the run's answer ended (eos, max_tokens, answer_stop, repetition)
+    repetition_stop: int = 16  # the run's LoopGuard lines
+
+
+class ReplayEngine:
+    max_sequences = 8
+    context_size = 1 << 20
+    chat_template = None
+    bos_text, eos_text = "", ""
+
+    def __init__(self, model: RowModel, costs: Costs) -> None:
+        self.model = model
+        self.costs = costs  # seconds of each call
+        ids = model.prompt_ids + model.cot_ids + model.answer_ids + model.draft_ids + model.forced_end_ids
+        self.eos_id = max(ids + model.answer_prefix_ids + [0]) + 1  # a token the row never holds
+        self.never_id = self.eos_id + 1  # a token the model never predicts (wrong span tokens)
+        self.vocab_size = self.never_id + 4
+        self.eos_ids = frozenset({self.eos_id})
+        # tokens of the replay's own whose text ends a stage as the run's last token of it did
+        end_text = {"natural": REPLAY_FORMAT.end, "answer_stop": REPLAY_FORMAT.answer_stop,
+                    "repetition": "\n" * (model.repetition_stop + 1)}
+        self._text = {self.never_id + 1: end_text["natural"], self.never_id + 2: end_text["answer_stop"],
+                      self.never_id + 3: end_text["repetition"]}
+        self.cot = _with_last(model.cot_ids, {"natural": self.never_id + 1, "repetition": self.never_id + 3}
+                              .get(model.cot_end))
+        self.answer = _with_last(model.answer_ids, {"answer_stop": self.never_id + 2, "repetition": self.never_id + 3}
+                                 .get(model.stop))
+        self.draft = [self.answer[i] if i < len(self.answer) and token == model.answer_ids[i] else token
+                      for i, token in enumerate(model.draft_ids)]
+        self.seconds = 0.0  # the modelled clock
+        self._tokens: dict[int, list[int]] = {}  # sequence -> tokens held
+        self._forked_at: dict[int, int] = {}  # child -> CoT tokens of the parent when it forked
+        self._next = 0
+
+    # -- the clock and the text side --------------------------------------------------------
+
+    def clock(self) -> float:
+        return self.seconds
+
+    def tokenize(self, text: str, add_bos: bool = False) -> list[int]:
+        known = {REPLAY_FORMAT.forced_end: self.model.forced_end_ids,
+                 REPLAY_FORMAT.answer_prefix: self.model.answer_prefix_ids}
+        return list(known.get(text, []))
+
+    def token_bytes(self, token_id: int) -> bytes:
+        return self._text.get(token_id, "").encode()
+
+    # -- sequences ----------------------------------------------------------------------------
+
+    def prefill(self, token_ids: Sequence[int]) -> int:
+        self.seconds += self.costs.prefill(len(token_ids))
+        return self._new(list(token_ids), None)
+
+    def fork(self, seq: int) -> int:
+        cot_tokens = len(self._tokens[seq]) + 1 - len(self.model.prompt_ids)  # the pending token counts
+        return self._new(list(self._tokens[seq]), cot_tokens)
+
+    def step(self, batch: Sequence[tuple[int, int]]) -> np.ndarray:
+        context = sum(len(self._tokens[seq]) for seq, _ in batch) // len(batch)
+        self.seconds += self.costs.step(len(batch), context)
+        rows = []
+        for seq, token in batch:
+            self._tokens[seq].append(token)
+            rows.append(self._logits(seq))
+        return np.stack(rows)
+
+    def score(self, seq: int, token_ids: Sequence[int]) -> np.ndarray:
+        tokens = self._tokens[seq]
+        self.seconds += self.costs.score(len(token_ids), len(tokens))
+        rows = []
+        for token in token_ids:
+            tokens.append(token)
+            rows.append(self._logits(seq))
+        return np.stack(rows)
+
+    def truncate(self, seq: int, length: int) -> None:
+        del self._tokens[seq][length:]
+
+    def release(self, seq: int) -> None:
+        del self._tokens[seq]
+        self._forked_at.pop(seq, None)
+
+    def length(self, seq: int) -> int:
+        return len(self._tokens[seq])
+
+    def live_sequences(self) -> int:
+        return len(self._tokens)
+
+    def _new(self, tokens: list[int], forked_at: int | None) -> int:
+        self._next += 1
+        self._tokens[self._next] = tokens
+        if forked_at is not None:
+            self._forked_at[self._next] = forked_at
+        return self._next
+
+    # -- the model ------------------------------------------------------------------------------
+
+    def _logits(self, seq: int) -> np.ndarray:
+        row = np.full(self.vocab_size, -30.0, dtype=np.float32)  # [vocab]
+        row[self._predict(seq)] = 30.0
+        return row
+
+    def _predict(self, seq: int) -> int:
+        """The token the row's model wrote after this sequence's tokens (EOS where unknown)."""
+        model = self.model
+        output = self._tokens[seq][len(model.prompt_ids):]
+        if seq in self._forked_at:  # a child: CoT[:b] + forced end + answer prefix + its draft
+            if self._forked_at[seq] != model.draft_forked_at:
+                return self.eos_id
+            written = len(output) - self._forked_at[seq] - len(model.forced_end_ids) - len(model.answer_prefix_ids)
+            return _at(self.draft, written, self.eos_id)
+        if len(output) <= len(self.cot):
+            return _at(self.cot, len(output), self.eos_id)
+        after = output[len(self.cot):]
+        for forced in (model.forced_end_ids + model.answer_prefix_ids, model.answer_prefix_ids):
+            if len(after) >= len(forced) and after[: len(forced)] == forced:
+                return _at(self.answer, len(after) - len(forced), self.eos_id)
+        return self.eos_id  # inside the forced tokens: not read by the loop
+
+
+def _with_last(tokens: list[int], last: int | None) -> list[int]:
+    return tokens[:-1] + [last] if tokens and last is not None else list(tokens)
+
+
+def _at(tokens: list[int], index: int, default: int) -> int:
+    return tokens[index] if 0 <= index < len(tokens) else default
+
+
+class RecordedSpans:
+    """A proposer that replays a run's own spans (`ssr simulate --spans recorded`): at the output
+    position where the run verified a span, the same number of tokens, of which the same number
+    are right (the model's tokens, then tokens it never writes)."""
+
+    def __init__(self, trace: list[dict], engine: ReplayEngine) -> None:
+        self.engine, self.never_id = engine, engine.never_id
+        self.events = {(event["kind"], event["at"]): event for event in trace if "at" in event}
+        self.cot_len, self.answer_len, self.in_answer = 0, 0, False  # output observed so far
+
+    def add_source(self, token_ids: Sequence[int]) -> None:
+        """The run's spans are replayed as they were."""
+
+    def observe(self, token_ids: Sequence[int]) -> None:
+        if self.in_answer:
+            self.answer_len += len(token_ids)
+        elif self.cot_len < len(self.engine.cot):
+            self.cot_len += len(token_ids)
+        else:  # the CoT is complete: these are the forced tokens, the answer follows
+            self.in_answer = True
+
+    def propose(self, max_tokens: int) -> tuple[list[int], list[float] | None]:
+        kind, at, target = ("span", self.answer_len, self.engine.answer) if self.in_answer else \
+            ("cot_span", self.cot_len, self.engine.cot)
+        event = self.events.get((kind, at))
+        if event is None:
+            return [], None
+        right = target[at: at + event["accepted"]]
+        return (right + [self.never_id] * (event["proposed"] - len(right)))[:max_tokens], None

@@ -1,0 +1,90 @@
+"""CoT speculation: spans over prompt + CoT so far are verified while no draft child lives.
+Greedy output stays token-identical to `ar` (banned tokens, budgets, stage forks, loops);
+sampled output keeps `ar`'s distribution."""
+from collections import Counter
+
+import pytest
+
+from ssr.config import GenerationConfig, SamplingParams
+from ssr.decode import Generation
+from ssr.engines.fake import FakeEngine
+from ssr.thinking import FORMATS
+from test_decode_fake import contingency_p
+
+FMT = FORMATS["code"]
+PROMPTS = [[ord(c) for c in text] for text in ("Please complete the class Stack.", "abcabcabcabc abc")]
+BANNED = [ord(c) for c in "`e"]
+
+
+def run(mode, prompt, order, **overrides):
+    options = dict(mode=mode, thinking_budget=120, draft_at=40, draft_tokens=20, max_tokens=60, policy="fixed")
+    options.update(overrides)
+    engine = FakeEngine(order=order)
+    result = Generation(engine, FMT, GenerationConfig(**options), prompt, banned_ids=BANNED).run()
+    assert engine.live_sequences() == 0
+    return result
+
+
+@pytest.mark.parametrize("mode", ["suffix", "pld", "ssr", "ssr-suffix"])
+@pytest.mark.parametrize("order", [1, 2])
+@pytest.mark.parametrize("prompt", range(len(PROMPTS)))
+@pytest.mark.parametrize("stages", [(40, 0), (0, 0), (30, 25), (119, 0)])
+def test_cot_spans_keep_greedy_identity(mode, order, prompt, stages):
+    draft_at, interval = stages
+    expected = run("ar", PROMPTS[prompt], order, draft_at=draft_at, draft_interval=interval)
+    got = run(mode, PROMPTS[prompt], order, draft_at=draft_at, draft_interval=interval, adaptive_spans=False)
+    assert got.cot_ids == expected.cot_ids and got.answer_ids == expected.answer_ids
+    assert got.metrics.cot_end == expected.metrics.cot_end
+    assert not set(got.cot_ids) & set(BANNED)
+    if mode in ("suffix", "pld") and order == 1:  # a first-order model repeats itself: spans are taken
+        assert got.metrics.cot_passes > 0 and got.metrics.cot_accepted_tokens > 0
+        assert got.metrics.decode_steps < expected.metrics.decode_steps
+    if mode.startswith("ssr"):  # children fork where they fork without CoT spans
+        plain = run("ssr-prefix", PROMPTS[prompt], order, draft_at=draft_at, draft_interval=interval)
+        assert [stage["forked_at"] for stage in got.metrics.stages] == \
+            [stage["forked_at"] for stage in plain.metrics.stages]
+        assert got.draft_ids == plain.draft_ids
+
+
+@pytest.mark.parametrize("budget", [1, 2, 7, 33])
+def test_cot_spans_stop_exactly_at_the_budget(budget):
+    expected = run("ar", PROMPTS[1], 1, thinking_budget=budget, draft_at=0)
+    got = run("pld", PROMPTS[1], 1, thinking_budget=budget, draft_at=0)
+    assert len(got.cot_ids) == len(expected.cot_ids) <= budget
+    assert (got.cot_ids, got.answer_ids) == (expected.cot_ids, expected.answer_ids)
+
+
+def test_forks_land_on_stage_budgets_with_spans():
+    got = run("ssr", PROMPTS[1], 1, draft_at=10, draft_interval=30, draft_tokens=5, adaptive_spans=False)
+    assert [stage["forked_at"] for stage in got.metrics.stages] == [10, 40, 70, 100]
+    assert got.metrics.cot_passes > 0  # between the short-lived children
+
+
+def cot_prefix_counts(mode, seeds, positions=3):
+    counts = Counter()
+    for seed in seeds:
+        config = GenerationConfig(mode=mode, thinking_budget=positions, max_tokens=1, policy="fixed", draft_at=0,
+                                  sampling=SamplingParams(temperature=1.0, seed=seed))
+        result = Generation(FakeEngine(order=1, drift=1.5), FMT, config, PROMPTS[1]).run()
+        counts[tuple(result.cot_ids)] += 1
+    return counts
+
+
+def test_cot_spans_keep_the_sampling_distribution():
+    ar = cot_prefix_counts("ar", range(0, 1500))
+    pld = cot_prefix_counts("pld", range(10000, 11500))
+    assert contingency_p(ar, pld) > 1e-3
+
+
+def test_distribution_test_catches_a_biased_cot(monkeypatch):
+    """The test above can fail: accepting every CoT span token changes the law."""
+    from ssr import decode
+    from ssr.verify import Verdict
+
+    def accept_all(draft_ids, draft_probs, target, rng, approx=False):
+        return Verdict(len(draft_ids), int(target[-1].argmax()), False)
+
+    ar = cot_prefix_counts("ar", range(0, 1500))
+    monkeypatch.setattr(decode, "verify_sampled", accept_all)
+    biased = cot_prefix_counts("pld", range(10000, 11500))
+    assert contingency_p(ar, biased) < 1e-6
