@@ -107,7 +107,11 @@ def test_cost_model_scales_a_measured_table_by_drift():
     assert model.cost(1) == pytest.approx(0.044) and model.cost(32) == pytest.approx(0.74)
     for _ in range(20):
         model.observe_step(0.088)  # the machine got twice as slow
-    assert model.cost(32) == pytest.approx(1.48, rel=1e-3) and model.step(2) == pytest.approx(0.126, rel=1e-3)
+    assert model.cost(1) == pytest.approx(0.088, rel=1e-3) and model.step(2) == pytest.approx(0.126, rel=1e-3)
+    assert model.cost(32) == pytest.approx(0.74)  # score passes keep their own factor ...
+    for _ in range(20):
+        model.observe_score(32, 2.22)  # ... learnt from their own calls: 3x the table at a long context
+    assert model.cost(32) == pytest.approx(2.22, rel=1e-3) and model.cost(1) == pytest.approx(0.088, rel=1e-3)
 
 
 def test_stage_budgets():
@@ -191,3 +195,24 @@ def test_span_guard_stops_spans_that_lose_time_and_keeps_exploring():
     for _ in range(SpanPolicy.min_passes):
         untimed.observe(4, probs, 0)
     assert not untimed.losing
+
+
+CHOICES = [  # (candidates, observations per source (proposed, accepted) x 8, expected source, expected length)
+    ([("suffix", [1, 2], [0.9, 0.8]), ("lookup", [5, 6, 7, 8], [0.9, 0.85, 0.8, 0.75])], {}, "lookup", 4),
+    ([("suffix", [1, 2, 3], [0.95, 0.9, 0.85]), ("lookup", [5, 6, 7, 8], None)], {"lookup": (4, 0)}, "suffix", 3),
+    ([("suffix", [1, 2, 3], [0.95, 0.9, 0.85]), ("lookup", [5, 6, 7, 8, 9, 10], None)], {"lookup": (6, 6)},
+     "lookup", 6),
+    ([("suffix", [1], [0.01])], {}, "", 0),  # not worth a pass: a plain step
+]
+
+
+@pytest.mark.parametrize("candidates,observed,source,length", CHOICES)
+def test_span_policy_chooses_the_source_worth_most(candidates, observed, source, length):
+    from ssr.policy import SpanPolicy
+
+    policy = SpanPolicy(CostModel(step_s=0.010, token_s=0.001))  # GPU-like: long spans are cheap
+    for name, (proposed, accepted) in observed.items():
+        for _ in range(8):
+            policy.observe(proposed, None, accepted, source=name)
+    chosen, span = policy.choose(candidates)
+    assert (chosen, len(span)) == (source, length)

@@ -19,8 +19,10 @@ def brute_count(sequences, pattern, max_depth):
 
 
 def brute_propose(sequences, context, max_depth, max_span, span_factor, min_prob):
-    """The proposal rule spelled out with brute-force counts."""
+    """The proposal rule spelled out with brute-force counts: every match length proposes,
+    the most expected accepted tokens (sum of probabilities) win, the longer match on ties."""
     vocab = sorted({t for seq in sequences for t in seq})
+    best, best_score = ([], [], 0), 0.0
     for match_len in range(min(len(context), max_depth - 1), 0, -1):
         pattern = list(context[len(context) - match_len :])
         count = brute_count(sequences, pattern, max_depth)
@@ -31,17 +33,17 @@ def brute_propose(sequences, context, max_depth, max_span, span_factor, min_prob
         while len(span) < limit:
             path = pattern + span
             counts = {t: brute_count(sequences, path + [t], max_depth) for t in vocab}
-            best = max(counts, key=lambda t: (counts[t], -t))
-            if counts[best] == 0:
+            top = max(counts, key=lambda t: (counts[t], -t))
+            if counts[top] == 0:
                 break
-            prob *= counts[best] / brute_count(sequences, path, max_depth)
+            prob *= counts[top] / brute_count(sequences, path, max_depth)
             if prob < min_prob:
                 break
-            span.append(best)
+            span.append(top)
             probs.append(prob)
-        if span:
-            return span, probs, match_len
-    return [], [], 0
+        if span and sum(probs) > best_score:
+            best, best_score = (span, probs, match_len), sum(probs)
+    return best
 
 
 def random_streams(rng, num, length, vocab):

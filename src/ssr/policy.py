@@ -17,6 +17,7 @@ the choice and the predicted seconds behind it (`--json` prints it).
 from __future__ import annotations
 
 import statistics
+from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 
@@ -28,36 +29,40 @@ SEED_NGRAM = 4  # answer tokens count as found in the draft when this n-gram end
 
 @dataclass
 class CostModel:
-    """Seconds per engine call. With a measured `table`: the table times a drift factor
-    learnt from observed calls; without: a line learnt online, step_s + token_s * (n - 1)."""
+    """Seconds per engine call. With a measured `table`: the table times drift factors learnt
+    from observed calls, one for steps and one for score passes (a pass over k tokens slows
+    with the cached length more than a step does, so their ratio, which prices every span,
+    is learnt too); without: a line learnt online, step_s + token_s * (n - 1)."""
 
     step_s: float = 0.05  # no table: one token for one sequence
     token_s: float = 0.02  # no table: each further token in the same pass
     smoothing: float = 0.2  # weight of a new observation
     table: Costs | None = None  # measured step / score costs per size
-    drift: float = 1.0  # observed / table, smoothed
+    drift: float = 1.0  # observed / table for steps, smoothed
+    score_drift: float = 1.0  # observed / table for score passes, smoothed
 
     def observe_step(self, seconds: float) -> None:
         if self.table is not None:
-            self._observe_ratio(seconds / max(self.table.step(1), 1e-9))
+            self.drift = self._smoothed(self.drift, seconds / max(self.table.step(1), 1e-9))
         else:
             self.step_s += self.smoothing * (seconds - self.step_s)
 
     def observe_score(self, num_tokens: int, seconds: float) -> None:
         if self.table is not None:
-            self._observe_ratio(seconds / max(self.table.score(num_tokens), 1e-9))
+            self.score_drift = self._smoothed(self.score_drift, seconds / max(self.table.score(num_tokens), 1e-9))
         elif num_tokens >= 2:
             per_token = max(0.0, (seconds - self.step_s) / (num_tokens - 1))
             self.token_s += self.smoothing * (per_token - self.token_s)
 
-    def _observe_ratio(self, ratio: float) -> None:
+    def _smoothed(self, current: float, ratio: float) -> float:
         ratio = min(max(ratio, 0.2), 5.0)  # one stall must not swing the model
-        self.drift += self.smoothing * (ratio - self.drift)
+        return current + self.smoothing * (ratio - current)
 
     def cost(self, num_tokens: int) -> float:
         """num_tokens fed to one sequence in one pass."""
         if self.table is not None:
-            return self.drift * (self.table.step(1) if num_tokens <= 1 else self.table.score(num_tokens))
+            return self.drift * self.table.step(1) if num_tokens <= 1 else \
+                self.score_drift * self.table.score(num_tokens)
         return self.step_s + self.token_s * max(0, num_tokens - 1)
 
     def step(self, num_sequences: int) -> float:
@@ -74,6 +79,11 @@ def best_span_length(accept_probs: Sequence[float], costs: CostModel) -> int:
     are all accepted (non-increasing). Maximises expected tokens per second,
     (1 + expected accepted(k)) / cost(k + 1).
     """
+    return best_span(accept_probs, costs)[0]
+
+
+def best_span(accept_probs: Sequence[float], costs: CostModel) -> tuple[int, float]:
+    """(best length, its expected tokens per second); length 0 is a plain step."""
     best_len, best_rate = 0, 1.0 / costs.cost(1)
     expected = 0.0
     for length, prob in enumerate(accept_probs, start=1):
@@ -81,7 +91,7 @@ def best_span_length(accept_probs: Sequence[float], costs: CostModel) -> int:
         rate = (1.0 + expected) / costs.cost(length + 1)  # pending token + span in one pass
         if rate > best_rate:
             best_len, best_rate = length, rate
-    return best_len
+    return best_len, best_rate
 
 
 @dataclass
@@ -120,10 +130,11 @@ class SpanCalibration:
 
 
 class SpanPolicy:
-    """Cuts a proposer's span to the length the engine costs make worth verifying
-    (best_span_length), from the proposer's probabilities scaled by SpanCalibration, or from
-    running acceptance when it gives none; learns from every verdict. Used by the decoding
-    loop and by the trace simulator alike.
+    """Chooses, among the proposers' candidate spans, the one (cut to the best length) with the
+    most expected tokens per second on this engine's cost curve (best_span), from each source's
+    probabilities scaled by its SpanCalibration, or from its running acceptance when it gives
+    none; learns from every verdict, per source. Used by the decoding loop and (through the
+    replay engine) by the simulator alike.
 
     Guard (never slower than plain decoding): the loop also reports each pass's seconds;
     the realised gain, sum over passes of (tokens committed x a plain step's cost - the pass's
@@ -135,32 +146,42 @@ class SpanPolicy:
 
     def __init__(self, costs: CostModel) -> None:
         self.costs = costs
-        self.stats = AcceptanceStats()  # for proposers that give no probabilities
-        self.calibration = SpanCalibration()  # for proposers that do (suffix tree)
+        self.stats: dict[str, AcceptanceStats] = defaultdict(AcceptanceStats)  # sources without probabilities
+        self.calibration: dict[str, SpanCalibration] = defaultdict(SpanCalibration)  # sources with them
         self.gain_s = 0.0  # realised seconds saved by span passes against plain steps
         self.timed_passes = 0  # passes whose seconds were reported
         self.skipped = 0  # proposals dropped by the guard since the last one verified
 
-    def cut(self, span: list[int], probs: list[float] | None) -> list[int]:
-        estimate = self.calibration.scale(probs) if probs is not None else self.stats.probs(len(span))
-        span = span[: best_span_length(estimate, self.costs)]
-        if span and self.losing:
+    def choose(self, candidates: Sequence[tuple[str, list[int], list[float] | None]]) -> tuple[str, list[int]]:
+        """(source, span cut to its best length) of the candidate worth most; ("", []) for a plain step."""
+        best_source, best_span_ids, best_rate = "", [], 1.0 / self.costs.cost(1)
+        for source, span, probs in candidates:
+            estimate = self.calibration[source].scale(probs) if probs is not None else \
+                self.stats[source].probs(len(span))
+            length, rate = best_span(estimate, self.costs)
+            if length and rate > best_rate:
+                best_source, best_span_ids, best_rate = source, span[:length], rate
+        if best_span_ids and self.losing:
             self.skipped += 1
             if self.skipped % self.explore_every:
-                return []
-        return span
+                return "", []
+        return best_source, best_span_ids
+
+    def cut(self, span: list[int], probs: list[float] | None, source: str = "") -> list[int]:
+        """One source's span cut to its best length ([] for a plain step)."""
+        return self.choose([(source, span, probs)])[1]
 
     @property
     def losing(self) -> bool:
         return self.timed_passes >= self.min_passes and self.gain_s < 0
 
     def observe(self, num_proposed: int, probs: list[float] | None, num_accepted: int,
-                seconds: float | None = None) -> None:
+                seconds: float | None = None, source: str = "") -> None:
         """A verified span: its length, the proposer's own (unscaled) probabilities, the verdict,
-        and the pass's seconds when measured."""
-        self.stats.observe(num_proposed, num_accepted)
+        the pass's seconds when measured, and the source that proposed it."""
+        self.stats[source].observe(num_proposed, num_accepted)
         if probs is not None:
-            self.calibration.observe(probs[:num_proposed], num_accepted)
+            self.calibration[source].observe(probs[:num_proposed], num_accepted)
         if seconds is not None:
             self.timed_passes += 1
             self.gain_s += (num_accepted + 1) * self.costs.cost(1) - seconds

@@ -28,10 +28,49 @@ class Proposer(Protocol):
         """At most max_tokens guesses for the tokens that follow ([] for none), and the
         estimated probability that each prefix of them is right (None: no estimate)."""
 
+    def candidates(self, max_tokens: int) -> list[tuple[str, list[int], list[float] | None]]:
+        """(source name, span, probabilities) of every non-empty proposal, for a span policy to choose from."""
 
-class SuffixProposer:
+
+class _OneSource:
+    """`candidates` for a proposer that is a single source named `source`."""
+
+    source = ""
+
+    def candidates(self, max_tokens: int) -> list[tuple[str, list[int], list[float] | None]]:
+        span, probs = self.propose(max_tokens)
+        return [(self.source, span, probs)] if span else []
+
+
+class CompetingProposers:
+    """Several sources proposing at once (ssr: the suffix tree and n-gram lookup); the span
+    policy picks one per pass by expected tokens gained per second."""
+
+    def __init__(self, proposers: dict[str, Proposer]) -> None:
+        self.proposers = proposers  # source name -> proposer
+
+    def observe(self, token_ids: Sequence[int]) -> None:
+        for proposer in self.proposers.values():
+            proposer.observe(token_ids)
+
+    def add_source(self, token_ids: Sequence[int]) -> None:
+        for proposer in self.proposers.values():
+            proposer.add_source(token_ids)
+
+    def propose(self, max_tokens: int) -> tuple[list[int], list[float] | None]:
+        found = self.candidates(max_tokens)
+        return (found[0][1], found[0][2]) if found else ([], None)
+
+    def candidates(self, max_tokens: int) -> list[tuple[str, list[int], list[float] | None]]:
+        return [(name, span, probs) for name, proposer in self.proposers.items()
+                for span, probs in [proposer.propose(max_tokens)] if span]
+
+
+class SuffixProposer(_OneSource):
     """Suffix decoding over source sequences (prompt, drafts) and the live output, as vLLM's
     `suffix` method does over the prompt and the output so far."""
+
+    source = "suffix"
 
     def __init__(self, params: SuffixParams, seeds: Sequence[Sequence[int]]) -> None:
         self.params = params
@@ -58,11 +97,13 @@ class SuffixProposer:
         return span, probs
 
 
-class PromptLookupProposer:
+class PromptLookupProposer(_OneSource):
     """Prompt-lookup decoding as transformers runs it (`prompt_lookup_num_tokens=10`, its
     default `max_matching_ngram_size=2`): the last n tokens (n = 2, then 1) are looked up in
     prompt + output, the earliest occurrence with a continuation wins, and the 10 tokens after
     it are proposed, every step, CoT included."""
+
+    source = "lookup"
 
     def __init__(self, seed: Sequence[int], max_ngram: int = 2, num_tokens: int = 10) -> None:
         self.max_ngram = max_ngram  # longest n-gram matched first

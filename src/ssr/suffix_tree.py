@@ -61,12 +61,16 @@ class SuffixTree:
         """Span to verify after `context`, the estimated probability that each prefix of
         it is right, and the length of the suffix it was matched on.
 
-        Tries suffixes of the context from the longest to the shortest; the first
-        that yields a non-empty span wins. The span follows the most frequent child
-        (ties: smallest token id) while count(child)/count(node), multiplied along
-        the span, stays >= min_prob; it is at most min(max_span, span_factor *
-        match length) tokens and never leaves the depth limit.
+        Every suffix of the context found in the tree proposes: the span follows the most
+        frequent child (ties: smallest token id) while count(child)/count(node), multiplied
+        along the span, stays >= min_prob; it is at most min(max_span, span_factor * match
+        length) tokens and never leaves the depth limit. The span with the most expected
+        accepted tokens (the sum of its probabilities) wins, the longer match on ties (as
+        ArcticInference scores its candidates): a long match near the depth limit leaves room
+        for one token only, a shorter one for a long span.
         """
+        best: tuple[list[int], list[float], int] = ([], [], 0)
+        best_score = 0.0
         longest = min(len(context), self.max_depth - 1)
         for match_len in range(longest, 0, -1):
             node = self.find(context[len(context) - match_len :])
@@ -74,9 +78,9 @@ class SuffixTree:
                 continue
             limit = min(max_span, int(span_factor * match_len), self.max_depth - match_len)
             span, probs = _follow(node, limit, min_prob)
-            if span:
-                return span, probs, match_len
-        return [], [], 0
+            if span and sum(probs) > best_score:
+                best, best_score = (span, probs, match_len), sum(probs)
+        return best
 
     def check_integrity(self) -> None:
         """Raise AssertionError if counts or depths are inconsistent."""

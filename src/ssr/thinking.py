@@ -16,7 +16,7 @@ CODE_SYSTEM = (
     "You are an expert Python programmer. Before writing any code, think inside <think> and </think>. "
     "Thinking is a short plan in plain English only: for each method, one or two sentences on what it does "
     "and its edge cases. Never write code, signatures or code tags while thinking. After </think>, write the "
-    "complete code in one ```python code block."
+    "complete, correct and simple code in one ```python code block, using the standard library where it helps."
 )
 CPP_SYSTEM = CODE_SYSTEM.replace("expert Python programmer", "expert C++ programmer").replace(
     "```python", "```cpp")

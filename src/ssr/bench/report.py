@@ -18,6 +18,7 @@ import numpy as np
 
 from ..config import DRAFT_MODES
 from ..metrics import STAGES
+from .sources import ANSWER_SOURCES, COT_SOURCES, sources_table
 
 MODE_ORDER = ("ar", "ssr", "ssr-prefix", "ssr-suffix", "suffix", "pld")
 
@@ -223,6 +224,13 @@ def write_report(rows: list[dict], out_dir: Path, config_note: str = "", extra: 
                   "by stage k+1's bootstrap (the last: by the parent's verify); child s saved: draft-child seconds "
                   "bootstrapping saved vs decoding the taken-over tokens.", "",
                   format_drafting(drafting, markdown=True), ""]
+    sources = sources_table(rows, group_name)
+    if sources:
+        parts += ["## Accepted tokens by source (mean per run)", "",
+                  "Each accepted token goes to the first text holding the 4-gram that ends at it: the draft's "
+                  "accepted prefix; answer span tokens: prompt, CoT, draft (only there), the answer's own earlier "
+                  "text, other; CoT span tokens: prompt, the CoT's own earlier text, other (bench/sources.py).", "",
+                  format_sources(sources, markdown=True), ""]
     plots = _plots(table, out_dir)
     parts += [f"![{name}]({name})" for name in plots] + ([""] if plots else [])
     if extra:
@@ -230,6 +238,12 @@ def write_report(rows: list[dict], out_dir: Path, config_note: str = "", extra: 
     path = out_dir / "report.md"
     path.write_text("\n".join(parts), encoding="utf-8")
     return path
+
+
+def format_sources(table: list[dict], markdown: bool = False) -> str:
+    names = ANSWER_SOURCES + COT_SOURCES
+    lines = [[t["suite"], t["mode"], str(t["runs"])] + [f"{t[name]:.1f}" for name in names] for t in table]
+    return render_table(["suite", "mode", "runs"] + list(names), lines, markdown)
 
 
 def _plots(table: list[dict], out_dir: Path) -> list[str]:
