@@ -7,6 +7,7 @@ from .walk import Result
 from .engines import Engine, load_engine
 from .models import DEFAULT_MODEL
 from .policy import CostModel, PolicyStats
+from .proposers import ResponseHistory
 from .thinking import ThinkingFormat, build_messages, detect_format, render_chat, with_system
 
 
@@ -27,6 +28,7 @@ class SSR:
         self._banned: dict[tuple[str, ...], list[int]] = {}
         self._costs: CostModel | None = None  # engine costs, measured on first use (see costs)
         self.stats = PolicyStats()  # what earlier requests showed, for the policy
+        self.history = ResponseHistory()  # earlier responses, for suffix trees (as vLLM's global tree)
 
     @property
     def costs(self) -> CostModel:
@@ -67,8 +69,10 @@ class SSR:
             self._banned[banned] = [t for t, piece in enumerate(pieces) if any(b in piece for b in banned)]
         return self._banned.get(banned, [])
 
-    def start(self, prompt: str | list[dict[str, str]], config: GenerationConfig, template: str | None = None) -> Generation:
-        """A request ready to iterate (streaming); `.result` once iterated."""
+    def start(self, prompt: str | list[dict[str, str]], config: GenerationConfig, template: str | None = None,
+              history: ResponseHistory | None = None) -> Generation:
+        """A request ready to iterate (streaming); `.result` once iterated. `history`: earlier
+        responses to copy from (default: this model's earlier requests)."""
         fmt = self.format(template)
         if self.requests_based:
             from .decode_vllm import VllmGeneration
@@ -76,7 +80,7 @@ class SSR:
             return VllmGeneration(self.engine, fmt, config, self.prompt_ids(prompt, template), self.banned_ids(fmt),
                                   costs=self.costs, stats=self.stats)
         return Generation(self.engine, fmt, config, self.prompt_ids(prompt, template), self.banned_ids(fmt),
-                          costs=self.costs, stats=self.stats)
+                          costs=self.costs, stats=self.stats, history=self.history if history is None else history)
 
     def generate(self, prompt: str, config: GenerationConfig, template: str | None = None) -> Result:
         return self.start(prompt, config, template).run()

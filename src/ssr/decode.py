@@ -29,7 +29,8 @@ from .draft import Draft
 from .engines.base import Engine
 from .metrics import Metrics, StageClock
 from .policy import CostModel, Plan, PolicyStats, SpanPolicy, plan_request
-from .proposers import PEER_SUFFIX, CompetingProposers, PromptLookupProposer, Proposer, SuffixProposer
+from .proposers import (PEER_SUFFIX, CompetingProposers, PromptLookupProposer, Proposer, ResponseHistory,
+                        SuffixProposer)
 from .sampling import sample, target_probs
 from .text import TextStream
 from .thinking import ThinkingFormat
@@ -43,8 +44,10 @@ class Generation(Walk):
     def __init__(self, engine: Engine, fmt: ThinkingFormat, config: GenerationConfig,
                  prompt_ids: Sequence[int], banned_ids: Sequence[int] = (),
                  costs: CostModel | None = None, stats: PolicyStats | None = None,
-                 proposer: Proposer | None = None, plan: Plan | None = None) -> None:
+                 proposer: Proposer | None = None, plan: Plan | None = None,
+                 history: ResponseHistory | None = None) -> None:
         super().__init__(engine, fmt, config, prompt_ids, stats)
+        self.history = history  # earlier responses: suffix trees copy from them; this one joins at the end
         self._proposer = proposer  # spans from this proposer instead of the mode's (`ssr simulate --spans recorded`)
         self.banned_ids = np.asarray(sorted(banned_ids), dtype=np.int64)  # -inf while thinking
         self.rng = np.random.default_rng(config.sampling.seed)
@@ -91,6 +94,8 @@ class Generation(Walk):
         self.metrics.total_s = clock.now()
         self._close_metrics(drafts)
         self._finish(cot_ids, drafts[-1].token_ids if drafts else [])
+        if self.history is not None:
+            self.history.add(self.result.output_ids)
 
     def _think(self, parent: int, pending: int, clock: StageClock, proposer: Proposer | None):
         """Stage 1: returns (cot_ids, pending token or None, how the CoT ended, drafts).
@@ -365,10 +370,10 @@ class Generation(Walk):
         kind = self.config.proposer
         if kind == "suffix" and self.config.uses_draft:  # ssr: suffix tree and n-gram lookup compete
             params = self.config.suffix
-            return CompetingProposers({"suffix": SuffixProposer(params, [self.prompt_ids]),
+            return CompetingProposers({"suffix": SuffixProposer(params, [self.prompt_ids], self.history),
                                        "lookup": PromptLookupProposer(self.prompt_ids, 3, params.max_span)})
         if kind == "suffix":
-            return SuffixProposer(PEER_SUFFIX, [self.prompt_ids])
+            return SuffixProposer(PEER_SUFFIX, [self.prompt_ids], self.history)
         if kind == "pld":
             return PromptLookupProposer(self.prompt_ids)
         return None

@@ -66,14 +66,49 @@ class CompetingProposers:
                 for span, probs in [proposer.propose(max_tokens)] if span]
 
 
+class ResponseHistory:
+    """Earlier responses (whole outputs: CoT, forced tokens, answer), a bounded cache that suffix
+    trees are built from, as vLLM's `suffix` method keeps a global tree of earlier requests
+    (`suffix_decoding_max_cached_requests`). One tree per depth, built on first use and grown
+    with every response; when the cache overflows, the oldest half is dropped and the trees
+    are rebuilt."""
+
+    def __init__(self, max_responses: int = 10000) -> None:
+        self.max_responses = max_responses  # responses kept (0: none)
+        self.responses: list[list[int]] = []  # oldest first
+        self._trees: dict[int, SuffixTree] = {}  # max_depth -> tree over the responses
+
+    def add(self, token_ids: Sequence[int]) -> None:
+        if not self.max_responses or not token_ids:
+            return
+        self.responses.append(list(token_ids))
+        if len(self.responses) > self.max_responses:
+            self.responses = self.responses[len(self.responses) - self.max_responses // 2:]
+            self._trees.clear()
+        for tree in self._trees.values():
+            tree.add_sequence(token_ids)
+
+    def tree(self, max_depth: int) -> SuffixTree | None:
+        """The tree of the responses so far at this depth (None while there are none)."""
+        if not self.responses:
+            return None
+        if max_depth not in self._trees:
+            tree = self._trees[max_depth] = SuffixTree(max_depth)
+            for response in self.responses:
+                tree.add_sequence(response)
+        return self._trees[max_depth]
+
+
 class SuffixProposer(_OneSource):
     """Suffix decoding over source sequences (prompt, drafts) and the live output, as vLLM's
     `suffix` method does over the prompt and the output so far."""
 
     source = "suffix"
 
-    def __init__(self, params: SuffixParams, seeds: Sequence[Sequence[int]]) -> None:
+    def __init__(self, params: SuffixParams, seeds: Sequence[Sequence[int]],
+                 history: ResponseHistory | None = None) -> None:
         self.params = params
+        self.history = history.tree(params.max_depth) if history is not None else None  # earlier responses
         self.tree = SuffixTree(params.max_depth)
         for seed in seeds:
             self.tree.add_sequence(seed)
@@ -88,13 +123,16 @@ class SuffixProposer(_OneSource):
         self._context = (self._context + list(token_ids))[-self.params.max_depth :]
 
     def propose(self, max_tokens: int) -> tuple[list[int], list[float] | None]:
-        span, probs, _ = self.tree.propose(
-            self._context,
-            min(max_tokens, self.params.max_span),
-            self.params.span_factor,
-            self.params.min_prob,
-        )
-        return span, probs
+        """The request tree's span, or the earlier responses' when it expects more tokens."""
+        best: tuple[list[int], list[float]] = ([], [])
+        for tree in (self.tree, self.history):
+            if tree is None:
+                continue
+            span, probs, _ = tree.propose(self._context, min(max_tokens, self.params.max_span),
+                                          self.params.span_factor, self.params.min_prob)
+            if sum(probs) > sum(best[1]):
+                best = (span, probs)
+        return best
 
 
 class PromptLookupProposer(_OneSource):

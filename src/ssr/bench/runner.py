@@ -8,6 +8,7 @@ from pathlib import Path
 from ..api import SSR
 from ..config import GenerationConfig
 from ..lossless import first_divergence
+from ..proposers import ResponseHistory
 from .suites import Item
 
 # code tasks get a prose-plan template with the answer opened as a code block; the
@@ -21,12 +22,17 @@ def template_for(suite: str) -> str:
 
 
 def run_item(model: SSR, item: Item, modes: list[str], config: GenerationConfig, repeat: int,
-             template: str | None = None, flip: bool = False, engine: str = "llama.cpp") -> list[dict]:
+             template: str | None = None, flip: bool = False, engine: str = "llama.cpp",
+             histories: dict[str, ResponseHistory] | None = None) -> list[dict]:
     """Every mode once on one item; the order is reversed when `flip` (alternate it per
-    item and repeat to cancel drift)."""
+    item and repeat to cancel drift). histories: per mode, the earlier items' responses of this
+    pass (never this item's: not another mode's, not another repeat's)."""
     template = template or template_for(item.suite)
     order = modes[::-1] if flip else modes
-    generations = {mode: model.start(item.prompt, replace(config, mode=mode), template) for mode in order}
+    histories = histories if histories is not None else {mode: ResponseHistory(0) for mode in modes}
+    earlier = {mode: len(histories[mode].responses) for mode in modes}  # responses each mode could copy from
+    generations = {mode: model.start(item.prompt, replace(config, mode=mode), template, histories[mode])
+                   for mode in order}
     results = {mode: generation.run() for mode, generation in generations.items()}
     prompt_ids = generations[modes[0]].prompt_ids
     rows = []
@@ -39,7 +45,7 @@ def run_item(model: SSR, item: Item, modes: list[str], config: GenerationConfig,
             "suite": item.suite, "item": item.item_id, "repeat": repeat, "mode": mode, "engine": engine,
             "position": order.index(mode), "config": asdict(generations[mode].config),
             "prompt_ids": prompt_ids, "answer_prefix_ids": generations[mode].answer_prefix_ids,
-            "forced_end_ids": generations[mode].forced_end_ids,
+            "forced_end_ids": generations[mode].forced_end_ids, "history_responses": earlier[mode],
             "metrics": result.metrics.as_dict(), "answer": result.answer,
             "identical": divergence is None, "logit_gap": divergence.logit_gap if divergence else None,
             "divergence": divergence.describe() if divergence else None,
@@ -60,12 +66,15 @@ def run_bench(models: dict[str, SSR], items: list[Item], modes: list[str], confi
     bar = tqdm(total=repeats * len(items), unit="item", disable=not progress, dynamic_ncols=True)
     with out_path.open("w", encoding="utf-8") as out:
         for repeat in range(repeats):
+            # each (engine, mode) copies from the earlier items of this pass only
+            histories = {engine: {mode: ResponseHistory() for mode in modes} for engine in models}
             for index, item in enumerate(items):
                 bar.set_description(f"{item.suite} {item.item_id}")
                 flip = (repeat + index) % 2 == 1
                 engines = list(models)[::-1] if flip else list(models)
                 item_rows = [row for engine in engines for row in run_item(
-                    models[engine], item, modes, config, repeat, flip=flip, engine=engine)]
+                    models[engine], item, modes, config, repeat, flip=flip, engine=engine,
+                    histories=histories[engine])]
                 for row in item_rows:
                     out.write(json.dumps(row) + "\n")
                 out.flush()

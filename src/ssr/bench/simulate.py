@@ -22,6 +22,7 @@ from ..config import GenerationConfig, SamplingParams, SuffixParams
 from ..costs import Costs
 from ..decode import Generation
 from ..policy import CostModel, Plan, PolicyStats, fixed_plan
+from ..proposers import ResponseHistory
 from .replay import REPLAY_FORMAT, RecordedSpans, ReplayEngine, RowModel
 from .report import group_name, render_table
 
@@ -40,8 +41,10 @@ class Replay:
 
 
 def replay(row: dict, costs: Costs, config: GenerationConfig, answer_prefix_ids: list[int],
-           spans: str = "policy", forced_end_ids: list[int] | None = None) -> Replay:
-    """Modelled seconds of one bench row under `costs` (its own mode, greedy)."""
+           spans: str = "policy", forced_end_ids: list[int] | None = None,
+           history: ResponseHistory | None = None) -> Replay:
+    """Modelled seconds of one bench row under `costs` (its own mode, greedy); `history`: the
+    earlier rows' responses, as the bench gave them to this row's mode."""
     config = replace(config, mode=row["mode"], sampling=SamplingParams())
     metrics = row["metrics"]
     plan = _row_plan(row, config)
@@ -57,7 +60,7 @@ def replay(row: dict, costs: Costs, config: GenerationConfig, answer_prefix_ids:
         config = replace(config, adaptive_spans=False)
         proposer = RecordedSpans(row.get("trace", []), engine) if config.proposer else None
     generation = Generation(engine, REPLAY_FORMAT, config, row["prompt_ids"], costs=CostModel(table=costs),
-                            stats=PolicyStats(), proposer=proposer, plan=plan)
+                            stats=PolicyStats(), proposer=proposer, plan=plan, history=history)
     result = generation.run()
     done = result.metrics
     return Replay(seconds=defaultdict(float, done.seconds), accepted_prefix_tokens=done.accepted_prefix_tokens,
@@ -114,18 +117,21 @@ def simulate(rows: list[dict], costs: Costs, config: GenerationConfig, spans: st
     by_suite: dict[str, list[dict]] = defaultdict(list)
     for row in rows:
         by_suite[group_name(row)].append(row)
+    prefixes = {suite: answer_prefix_of(suite_rows) for suite, suite_rows in by_suite.items()}
+    forced_ends = {suite: forced_end_of(suite_rows, prefixes[suite]) for suite, suite_rows in by_suite.items()}
+    histories: dict[tuple, ResponseHistory] = defaultdict(ResponseHistory)  # as the bench kept them
     out = []
-    for suite_rows in by_suite.values():
-        prefix = answer_prefix_of(suite_rows)
-        forced_end = forced_end_of(suite_rows, prefix)
-        for row in suite_rows:
-            row_config = config_from_dict(row["config"]) if isinstance(row.get("config"), dict) else config
-            result = replay(row, costs, row_config, prefix, spans, forced_end)
-            out.append({"suite": group_name(row), "item": row["item"], "repeat": row["repeat"], "mode": row["mode"],
-                        "measured_s": row["metrics"]["total_s"], "modelled_s": result.total_s,
-                        "modelled_stages": dict(result.seconds),
-                        "accepted_prefix": (result.accepted_prefix_tokens, row["metrics"]["accepted_prefix_tokens"]),
-                        "suffix_accepted": (result.suffix_accepted_tokens, row["metrics"]["suffix_accepted_tokens"])})
+    for row in rows:  # in the bench's order: each row's history holds the rows before it
+        suite = group_name(row)
+        row_config = config_from_dict(row["config"]) if isinstance(row.get("config"), dict) else config
+        # rows since the response history record how many responses they could copy from
+        history = histories[(row.get("engine"), row["mode"], row["repeat"])] if "history_responses" in row else None
+        result = replay(row, costs, row_config, prefixes[suite], spans, forced_ends[suite], history)
+        out.append({"suite": suite, "item": row["item"], "repeat": row["repeat"], "mode": row["mode"],
+                    "measured_s": row["metrics"]["total_s"], "modelled_s": result.total_s,
+                    "modelled_stages": dict(result.seconds),
+                    "accepted_prefix": (result.accepted_prefix_tokens, row["metrics"]["accepted_prefix_tokens"]),
+                    "suffix_accepted": (result.suffix_accepted_tokens, row["metrics"]["suffix_accepted_tokens"])})
     return out
 
 

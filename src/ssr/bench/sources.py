@@ -55,7 +55,7 @@ def sources_table(rows: list[dict], group_name) -> list[dict]:
     """Per (suite, mode) of the speculating modes: mean accepted tokens per run by source."""
     groups: dict[tuple[str, str], list[Counter]] = defaultdict(list)
     for row in rows:
-        if row["mode"] != "ar":
+        if row["mode"] != "ar" and "prompt_ids" in row:  # rows with their tokens
             groups[(group_name(row), row["mode"])].append(accepted_sources(row))
     return [{"suite": suite, "mode": mode, "runs": len(counts),
              **{name: statistics.mean(c[name] for c in counts) for name in ANSWER_SOURCES + COT_SOURCES}}
