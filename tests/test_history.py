@@ -13,11 +13,11 @@ PROMPT = [ord(c) for c in "Please complete the class Stack."]
 
 
 def test_history_is_bounded_and_its_trees_follow_it():
-    history = ResponseHistory(max_responses=4)
+    history = ResponseHistory(max_tokens=12)
     assert history.tree(8) is None
     for response in range(6):
         history.add([response, response + 1, response + 2])
-    assert len(history.responses) <= 4 and history.responses[-1] == [5, 6, 7]
+    assert sum(map(len, history.responses)) <= 12 and history.responses[-1] == [5, 6, 7]
     tree = history.tree(8)
     assert tree.find([5, 6, 7]).count == 1 and tree.find([0, 1]) is None  # the oldest were dropped
     history.add([9, 9, 9])

@@ -33,7 +33,8 @@ class SSR:
     @property
     def costs(self) -> CostModel:
         """The engine's cost table (measured once per engine setup, cached on disk, rescaled
-        to the machine's speed at start-up), corrected by every request's own calls."""
+        to the machine's speed at start-up); each request starts from it and learns from its
+        own calls."""
         if self._costs is None:
             import sys
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator, Sequence
+from dataclasses import replace
 
 import numpy as np
 
@@ -52,7 +53,10 @@ class Generation(Walk):
         self.banned_ids = np.asarray(sorted(banned_ids), dtype=np.int64)  # -inf while thinking
         self.rng = np.random.default_rng(config.sampling.seed)
         self._now = getattr(engine, "clock", time.perf_counter)  # a replay engine models its own seconds
-        self.costs = costs or CostModel()  # engine costs, learnt from this request's calls
+        # engine costs: the model's (measured, rescaled at start-up), learnt further from this
+        # request's own calls only, so one request's load (another mode, a busy machine) does not
+        # price the next one's spans
+        self.costs = replace(costs) if costs is not None else CostModel()
         # drafting: whether, when, how (`plan` given: a replay of a run's own plan)
         self.plan = plan or plan_request(config, self.costs, stats or PolicyStats())
         self.spans = SpanPolicy(self.costs)  # answer span lengths worth a verify pass

@@ -68,22 +68,26 @@ class CompetingProposers:
 
 class ResponseHistory:
     """Earlier responses (whole outputs: CoT, forced tokens, answer), a bounded cache that suffix
-    trees are built from, as vLLM's `suffix` method keeps a global tree of earlier requests
-    (`suffix_decoding_max_cached_requests`). One tree per depth, built on first use and grown
-    with every response; when the cache overflows, the oldest half is dropped and the trees
-    are rebuilt."""
+    trees are built from, as vLLM's `suffix` method keeps a global tree of earlier requests.
+    vLLM bounds it by requests (10,000, in C++); a Python tree costs ~depth nodes per token, so
+    this one is bounded by tokens. One tree per depth, built on first use and grown with every
+    response; when the cache overflows, the oldest responses are dropped down to half the bound
+    and the trees are rebuilt."""
 
-    def __init__(self, max_responses: int = 10000) -> None:
-        self.max_responses = max_responses  # responses kept (0: none)
+    def __init__(self, max_tokens: int = 20000) -> None:
+        self.max_tokens = max_tokens  # tokens kept over all responses (0: none)
         self.responses: list[list[int]] = []  # oldest first
+        self._tokens = 0  # tokens in self.responses
         self._trees: dict[int, SuffixTree] = {}  # max_depth -> tree over the responses
 
     def add(self, token_ids: Sequence[int]) -> None:
-        if not self.max_responses or not token_ids:
+        if not self.max_tokens or not token_ids or len(token_ids) > self.max_tokens:
             return
         self.responses.append(list(token_ids))
-        if len(self.responses) > self.max_responses:
-            self.responses = self.responses[len(self.responses) - self.max_responses // 2:]
+        self._tokens += len(token_ids)
+        if self._tokens > self.max_tokens:
+            while self._tokens > self.max_tokens // 2:
+                self._tokens -= len(self.responses.pop(0))
             self._trees.clear()
         for tree in self._trees.values():
             tree.add_sequence(token_ids)
