@@ -19,11 +19,15 @@ def brute_count(sequences, pattern, max_depth):
 
 
 def brute_propose(sequences, context, max_depth, max_span, span_factor, min_prob):
-    """The proposal rule spelled out with brute-force counts: every match length proposes,
-    the most expected accepted tokens (sum of probabilities) win, the longer match on ties."""
+    """The proposal rule spelled out with brute-force counts: match lengths L, L - s, ... with
+    L the longest suffix found and s = ceil(L / 8) propose; the most expected accepted tokens
+    (sum of probabilities) win, the longer match on ties."""
     vocab = sorted({t for seq in sequences for t in seq})
     best, best_score = ([], [], 0), 0.0
-    for match_len in range(min(len(context), max_depth - 1), 0, -1):
+    found = [n for n in range(1, min(len(context), max_depth - 1) + 1)
+             if brute_count(sequences, list(context[len(context) - n:]), max_depth)]
+    longest = max(found, default=0)
+    for match_len in range(longest, 0, -max(1, -(-longest // 8))):
         pattern = list(context[len(context) - match_len :])
         count = brute_count(sequences, pattern, max_depth)
         if count == 0:
@@ -78,16 +82,18 @@ def test_counts_match_oracle(seed):
 
 
 @pytest.mark.parametrize("seed", range(6))
-def test_proposals_match_oracle(seed):
+@pytest.mark.parametrize("max_depth", [8, 24])  # 24: long matches, candidates strided
+def test_proposals_match_oracle(seed, max_depth):
     rng = np.random.default_rng(100 + seed)
-    max_depth, max_span = 8, int(rng.integers(1, 10))
+    max_span = int(rng.integers(1, 10))
     span_factor, min_prob = float(rng.choice([0.5, 1.0, 2.0])), float(rng.choice([0.0, 0.1, 0.4]))
     streams = random_streams(rng, 3, 50, vocab=4)
     tree = SuffixTree(max_depth)
     for stream in streams:
         tree.add_sequence(stream)
     for _ in range(60):
-        context = rng.integers(0, 4, size=int(rng.integers(1, 12))).tolist()
+        context = rng.integers(0, 4, size=int(rng.integers(1, 12))).tolist() if max_depth == 8 else \
+            streams[0][: int(rng.integers(20, 50))]  # a context copied from a stream: long matches
         got = tree.propose(context, max_span, span_factor, min_prob)
         expected = brute_propose(streams, context, max_depth, max_span, span_factor, min_prob)
         assert got[0] == expected[0] and got[2] == expected[2]

@@ -96,10 +96,15 @@ def best_span(accept_probs: Sequence[float], costs: CostModel) -> tuple[int, flo
 
 @dataclass
 class AcceptanceStats:
-    """Running acceptance rate per proposed token, for proposers without probabilities."""
+    """Running acceptance rate per tried token of one source (a token is tried when all before
+    it in its span were accepted); spans are priced as geometric: prefix i right with rate^i.
+    Measured acceptance, not the proposer's own estimate: a suffix tree's frequencies over one
+    prompt are poorly calibrated (a continuation seen once is "certain"), while acceptance by
+    match-length bucket is what the engine actually buys. The prior is optimistic (9 of 10), so
+    every source is tried and its rate learnt within a few passes (the guard bounds the cost)."""
 
-    accepted: float = 1.0  # prior: one accepted ...
-    proposed: float = 2.0  # ... out of two
+    accepted: float = 9.0  # prior: nine accepted ...
+    proposed: float = 10.0  # ... out of ten tried
 
     def observe(self, num_proposed: int, num_accepted: int) -> None:
         # a token is "tried" when all before it were accepted
@@ -111,30 +116,12 @@ class AcceptanceStats:
         return [rate ** (i + 1) for i in range(length)]
 
 
-@dataclass
-class SpanCalibration:
-    """Realised / expected accepted tokens of a proposer's probability estimates. A suffix
-    tree's counts are over-confident on repetitive text (a continuation seen every time so far
-    is "certain"); the span cut uses its cumulative probabilities scaled by this ratio."""
-
-    expected: float = 4.0  # sum over verified spans of the expected accepted tokens (prior: ...)
-    accepted: float = 4.0  # ... and of the tokens accepted (prior ratio 1)
-
-    def observe(self, accept_probs: Sequence[float], num_accepted: int) -> None:
-        self.expected += sum(accept_probs)
-        self.accepted += num_accepted
-
-    def scale(self, accept_probs: Sequence[float]) -> list[float]:
-        ratio = min(1.0, self.accepted / self.expected)
-        return [prob * ratio for prob in accept_probs]
-
-
 class SpanPolicy:
     """Chooses, among the proposers' candidate spans, the one (cut to the best length) with the
     most expected tokens per second on this engine's cost curve (best_span), from each source's
-    probabilities scaled by its SpanCalibration, or from its running acceptance when it gives
-    none; learns from every verdict, per source. Used by the decoding loop and (through the
-    replay engine) by the simulator alike.
+    running acceptance (AcceptanceStats; a suffix span's source names its match-length bucket);
+    learns from every verdict, per source. Used by the decoding loop and (through the replay
+    engine) by the simulator alike.
 
     Guard (never slower than plain decoding): the loop also reports each pass's seconds;
     the realised gain, sum over passes of (tokens committed x a plain step's cost - the pass's
@@ -146,8 +133,7 @@ class SpanPolicy:
 
     def __init__(self, costs: CostModel) -> None:
         self.costs = costs
-        self.stats: dict[str, AcceptanceStats] = defaultdict(AcceptanceStats)  # sources without probabilities
-        self.calibration: dict[str, SpanCalibration] = defaultdict(SpanCalibration)  # sources with them
+        self.stats: dict[str, AcceptanceStats] = defaultdict(AcceptanceStats)  # per source
         self.gain_s = 0.0  # realised seconds saved by span passes against plain steps
         self.timed_passes = 0  # passes whose seconds were reported
         self.skipped = 0  # proposals dropped by the guard since the last one verified
@@ -155,10 +141,8 @@ class SpanPolicy:
     def choose(self, candidates: Sequence[tuple[str, list[int], list[float] | None]]) -> tuple[str, list[int]]:
         """(source, span cut to its best length) of the candidate worth most; ("", []) for a plain step."""
         best_source, best_span_ids, best_rate = "", [], 1.0 / self.costs.cost(1)
-        for source, span, probs in candidates:
-            estimate = self.calibration[source].scale(probs) if probs is not None else \
-                self.stats[source].probs(len(span))
-            length, rate = best_span(estimate, self.costs)
+        for source, span, _ in candidates:
+            length, rate = best_span(self.stats[source].probs(len(span)), self.costs)
             if length and rate > best_rate:
                 best_source, best_span_ids, best_rate = source, span[:length], rate
         if best_span_ids and self.losing:
@@ -177,11 +161,9 @@ class SpanPolicy:
 
     def observe(self, num_proposed: int, probs: list[float] | None, num_accepted: int,
                 seconds: float | None = None, source: str = "") -> None:
-        """A verified span: its length, the proposer's own (unscaled) probabilities, the verdict,
-        the pass's seconds when measured, and the source that proposed it."""
+        """A verified span: its length, the proposer's probabilities (unused: acceptance is
+        measured), the verdict, the pass's seconds when measured, and its source."""
         self.stats[source].observe(num_proposed, num_accepted)
-        if probs is not None:
-            self.calibration[source].observe(probs[:num_proposed], num_accepted)
         if seconds is not None:
             self.timed_passes += 1
             self.gain_s += (num_accepted + 1) * self.costs.cost(1) - seconds

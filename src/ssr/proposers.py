@@ -47,7 +47,7 @@ class CompetingProposers:
     policy picks one per pass by expected tokens gained per second."""
 
     def __init__(self, proposers: dict[str, Proposer]) -> None:
-        self.proposers = proposers  # source name -> proposer
+        self.proposers = proposers  # name -> proposer (each names its candidates' sources)
 
     def observe(self, token_ids: Sequence[int]) -> None:
         for proposer in self.proposers.values():
@@ -62,8 +62,7 @@ class CompetingProposers:
         return (found[0][1], found[0][2]) if found else ([], None)
 
     def candidates(self, max_tokens: int) -> list[tuple[str, list[int], list[float] | None]]:
-        return [(name, span, probs) for name, proposer in self.proposers.items()
-                for span, probs in [proposer.propose(max_tokens)] if span]
+        return [candidate for proposer in self.proposers.values() for candidate in proposer.candidates(max_tokens)]
 
 
 class ResponseHistory:
@@ -104,39 +103,50 @@ class ResponseHistory:
 
 
 class SuffixProposer(_OneSource):
-    """Suffix decoding over source sequences (prompt, drafts) and the live output, as vLLM's
-    `suffix` method does over the prompt and the output so far."""
+    """Suffix decoding over source sequences (prompt, drafts), the live output and earlier
+    responses, as vLLM's `suffix` method does over the prompt, the output so far and its global
+    tree. The context's suffix nodes are kept up to date token by token in both trees, so a
+    proposal costs O(depth), not O(depth^2)."""
 
     source = "suffix"
+    MATCH_BUCKETS = (4, 8, 16)  # a span's source names its match length: suffix/<4, /4-7, /8-15, /16+
 
     def __init__(self, params: SuffixParams, seeds: Sequence[Sequence[int]],
                  history: ResponseHistory | None = None) -> None:
         self.params = params
-        self.history = history.tree(params.max_depth) if history is not None else None  # earlier responses
-        self.tree = SuffixTree(params.max_depth)
+        self.tree = SuffixTree(params.max_depth)  # this request: seeds and the live output
         for seed in seeds:
             self.tree.add_sequence(seed)
         self._live = self.tree.add_sequence()  # the output as it is committed
-        self._context: list[int] = []  # last max_depth committed tokens
+        self.history = history.tree(params.max_depth) if history is not None else None  # earlier responses
+        self._history_nodes = [self.history.root] if self.history is not None else []  # context's suffixes there
+        self.match_len = 0  # match length of the last proposal
 
     def add_source(self, token_ids: Sequence[int]) -> None:
         self.tree.add_sequence(token_ids)
 
     def observe(self, token_ids: Sequence[int]) -> None:
         self.tree.extend(self._live, token_ids)
-        self._context = (self._context + list(token_ids))[-self.params.max_depth :]
+        for token in token_ids if self.history is not None else ():
+            self._history_nodes = self.history.advance(self._history_nodes, token)
 
     def propose(self, max_tokens: int) -> tuple[list[int], list[float] | None]:
         """The request tree's span, or the earlier responses' when it expects more tokens."""
-        best: tuple[list[int], list[float]] = ([], [])
-        for tree in (self.tree, self.history):
-            if tree is None:
-                continue
-            span, probs, _ = tree.propose(self._context, min(max_tokens, self.params.max_span),
-                                          self.params.span_factor, self.params.min_prob)
-            if sum(probs) > sum(best[1]):
-                best = (span, probs)
-        return best
+        limit = min(max_tokens, self.params.max_span)
+        factor, min_prob = self.params.span_factor, self.params.min_prob
+        span, probs, self.match_len = self.tree.propose_from(self.tree.suffix_nodes(self._live), limit, factor, min_prob)
+        if self.history is not None:
+            other = self.history.propose_from(self._history_nodes, limit, factor, min_prob)
+            if sum(other[1]) > sum(probs):
+                span, probs, self.match_len = other
+        return span, probs
+
+    def candidates(self, max_tokens: int) -> list[tuple[str, list[int], list[float] | None]]:
+        """One candidate, its source named by its match length (long matches are trusted more:
+        a span policy calibrates each bucket apart)."""
+        span, probs = self.propose(max_tokens)
+        bucket = sum(self.match_len >= edge for edge in self.MATCH_BUCKETS)
+        return [(f"{self.source}/{bucket}", span, probs)] if span else []
 
 
 class PromptLookupProposer(_OneSource):

@@ -55,25 +55,56 @@ class SuffixTree:
                 return None
         return node
 
+    def suffix_nodes(self, handle: int) -> list[_Node]:
+        """Nodes of a sequence's suffixes by length (0: the root), as grown by `extend`."""
+        return self._active[handle]
+
+    def advance(self, nodes: list[_Node | None], token: int) -> list[_Node | None]:
+        """The nodes of a context's suffixes (by length) after `token` is appended to it, for a
+        context that is not itself in the tree (another request's tree, earlier responses)."""
+        grown: list[_Node | None] = [self.root]
+        for node in nodes[: self.max_depth]:
+            grown.append(node.children.get(token) if node is not None else None)
+        while grown[-1] is None:
+            grown.pop()
+        return grown
+
+    def match(self, context: Sequence[int]) -> list[_Node | None]:
+        """The nodes of the context's suffixes by length (None where not in the tree)."""
+        nodes: list[_Node | None] = [self.root]
+        for token in context[-self.max_depth:]:
+            nodes = self.advance(nodes, token)
+        return nodes
+
     def propose(
         self, context: Sequence[int], max_span: int, span_factor: float, min_prob: float
     ) -> tuple[list[int], list[float], int]:
-        """Span to verify after `context`, the estimated probability that each prefix of
-        it is right, and the length of the suffix it was matched on.
+        """`propose_from` the context's suffixes."""
+        return self.propose_from(self.match(context), max_span, span_factor, min_prob)
 
-        Every suffix of the context found in the tree proposes: the span follows the most
-        frequent child (ties: smallest token id) while count(child)/count(node), multiplied
-        along the span, stays >= min_prob; it is at most min(max_span, span_factor * match
-        length) tokens and never leaves the depth limit. The span with the most expected
-        accepted tokens (the sum of its probabilities) wins, the longer match on ties (as
-        ArcticInference scores its candidates): a long match near the depth limit leaves room
-        for one token only, a shorter one for a long span.
+    def propose_from(
+        self, nodes: list[_Node | None], max_span: int, span_factor: float, min_prob: float
+    ) -> tuple[list[int], list[float], int]:
+        """Span to verify after a context whose suffixes are at `nodes` (by length), the
+        estimated probability that each prefix of it is right, and the length of the suffix
+        it was matched on.
+
+        Suffixes of length L, L - s, L - 2s, ... >= 1 propose (L the longest found, below the
+        depth limit; s = ceil(L / 8): at most 8 candidates): the span follows the most frequent
+        child (ties: smallest token id) while count(child)/count(node), multiplied along the
+        span, stays >= min_prob; it is at most min(max_span, span_factor * match length) tokens
+        and never leaves the depth limit. The span with the most expected accepted tokens (the
+        sum of its probabilities) wins, the longer match on ties (as ArcticInference scores its
+        candidates): a long match near the depth limit leaves room for one token only, a
+        shorter one for a long span.
         """
+        longest = min(len(nodes) - 1, self.max_depth - 1)
+        while longest > 0 and nodes[longest] is None:
+            longest -= 1
         best: tuple[list[int], list[float], int] = ([], [], 0)
         best_score = 0.0
-        longest = min(len(context), self.max_depth - 1)
-        for match_len in range(longest, 0, -1):
-            node = self.find(context[len(context) - match_len :])
+        for match_len in range(longest, 0, -max(1, -(-longest // 8))):
+            node = nodes[match_len]
             if node is None:
                 continue
             limit = min(max_span, int(span_factor * match_len), self.max_depth - match_len)
