@@ -30,11 +30,25 @@ def test_cost_model_learns_from_observations():
     assert costs.token_s == pytest.approx(0.01, rel=1e-2)
 
 
-def test_acceptance_stats():
-    stats = AcceptanceStats(accepted=0, proposed=0)
-    stats.observe(num_proposed=4, num_accepted=4)  # 4 tried, 4 accepted
-    stats.observe(num_proposed=4, num_accepted=1)  # 2 tried (the 2nd rejected), 1 accepted
-    assert stats.probs(2) == pytest.approx([5 / 6, (5 / 6) ** 2])
+def test_acceptance_stats_survival_curve():
+    stats = AcceptanceStats(prior_weight=0.0, decay=1.0)
+    stats.observe(num_proposed=4, num_accepted=4)  # tries 4, none fails
+    stats.observe(num_proposed=4, num_accepted=1)  # tries 2, fails at the 2nd
+    stats.observe(num_proposed=2, num_accepted=0)  # tries 1, fails at the 1st
+    # Kaplan-Meier: position 1: 1 of 3 fail; position 2: 1 of 2; positions 3, 4: 0 of 1
+    assert stats.probs(4) == pytest.approx([2 / 3, 1 / 3, 1 / 3, 1 / 3])
+    copied = AcceptanceStats()  # copied text: spans accepted whole, or failing at once
+    for _ in range(10):
+        copied.observe(8, 8)
+        copied.observe(8, 0)
+    assert copied.probs(32)[-1] > 0.4  # past what was tried: the pooled later hazard (~0), not 0.9 ** 32
+    assert AcceptanceStats().probs(3) == pytest.approx([0.9, 0.81, 0.729])  # the prior alone
+    turned = AcceptanceStats()
+    for _ in range(20):
+        turned.observe(8, 8)  # a copied region ...
+    for _ in range(5):
+        turned.observe(8, 0)  # ... ends: recent failures weigh more than old successes
+    assert turned.probs(1)[0] < 0.6  # 20 successes then 5 failures: without decay 0.81
 
 
 # -- the drafting plan (--policy auto) ----------------------------------------------------

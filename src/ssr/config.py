@@ -42,15 +42,15 @@ class SamplingParams:
 
 @dataclass(frozen=True)
 class SuffixParams:
-    """Suffix-decoding proposer (ArcticInference-style suffix tree). The ssr modes' defaults
-    propose generously (spans up to 4x the match length, down to 2% estimated probability) and
-    let the span policy price them on the engine's cost curve: long where verification is
-    nearly free, short on a CPU. The `suffix` peer uses vLLM's defaults (proposers.PEER_SUFFIX)."""
+    """Suffix-decoding proposer (ArcticInference-style suffix tree). The ssr modes' defaults are
+    vLLM's but for a deeper tree (64: longer matches, longer spans); the span policy then prices
+    each span on the engine's cost curve. The `suffix` peer uses vLLM's defaults exactly
+    (proposers.PEER_SUFFIX)."""
 
     max_depth: int = 64  # longest pattern + continuation stored in the tree
     max_span: int = 64  # longest span proposed in one verify pass
-    span_factor: float = 4.0  # span length allowed per matched token
-    min_prob: float = 0.02  # stop a span when its cumulative estimated probability drops below
+    span_factor: float = 1.0  # span length allowed per matched token
+    min_prob: float = 0.1  # stop a span when its cumulative estimated probability drops below
 
     def __post_init__(self) -> None:
         _check(self.max_depth >= 2, f"suffix max_depth must be >= 2, got {self.max_depth}")

@@ -96,30 +96,58 @@ def best_span(accept_probs: Sequence[float], costs: CostModel) -> tuple[int, flo
 
 @dataclass
 class AcceptanceStats:
-    """Running acceptance rate per tried token of one source (a token is tried when all before
-    it in its span were accepted); spans are priced as geometric: prefix i right with rate^i.
-    Measured acceptance, not the proposer's own estimate: a suffix tree's frequencies over one
-    prompt are poorly calibrated (a continuation seen once is "certain"), while acceptance by
-    match-length bucket is what the engine actually buys. The prior is optimistic (9 of 10), so
-    every source is tried and its rate learnt within a few passes (the guard bounds the cost)."""
+    """Measured acceptance of one source's spans as a survival curve S(i): the chance that the
+    first i tokens of a span are all accepted. Measured, not the proposer's own estimate: a
+    suffix tree's frequencies over one prompt are poorly calibrated (a continuation seen once is
+    "certain"). A curve, not one per-token rate: copied text is accepted whole or fails at once.
 
-    accepted: float = 9.0  # prior: nine accepted ...
-    proposed: float = 10.0  # ... out of ten tried
+    Kaplan-Meier over tried tokens: position j is at risk in a span proposed longer than j whose
+    first j tokens were accepted, and fails there when token j is rejected; shorter spans are
+    censored. The first token keeps its own hazard (is the source right here at all?); later
+    positions are shrunk towards the pooled hazard of all later positions, which also prices
+    positions no span has reached yet, so spans can grow past what the cut has tried so far.
+    The prior (one pseudo-span with hazard 1 - prior_rate everywhere) is optimistic, so every
+    source is tried and learnt within a few passes (the guard bounds the cost). Older spans
+    weigh less (`decay` per span): text moves between copied and new regions, and a source that
+    just failed at once is likely to fail at the next position too."""
+
+    prior_weight: float = 1.0  # pseudo-spans behind the prior
+    prior_rate: float = 0.9  # the prior's chance to accept each token given the ones before
+    decay: float = 0.9  # weight of the spans seen so far when a new one is observed
+    at_risk: list[float] = field(default_factory=list)  # [j]: spans that tried token j
+    failed: list[float] = field(default_factory=list)  # [j]: of those, rejected token j
 
     def observe(self, num_proposed: int, num_accepted: int) -> None:
-        # a token is "tried" when all before it were accepted
-        self.proposed += min(num_proposed, num_accepted + 1)
-        self.accepted += num_accepted
+        tried = min(num_proposed, num_accepted + 1)
+        self.at_risk = [count * self.decay for count in self.at_risk]
+        self.failed = [count * self.decay for count in self.failed]
+        grow = tried - len(self.at_risk)
+        if grow > 0:
+            self.at_risk += [0.0] * grow
+            self.failed += [0.0] * grow
+        for position in range(tried):
+            self.at_risk[position] += 1
+        if num_accepted < num_proposed:
+            self.failed[num_accepted] += 1
 
     def probs(self, length: int) -> list[float]:
-        rate = self.accepted / self.proposed
-        return [rate ** (i + 1) for i in range(length)]
+        """S(1) .. S(length)."""
+        prior_hazard = 1.0 - self.prior_rate
+        pooled = (sum(self.failed[1:]) + self.prior_weight * prior_hazard) / (sum(self.at_risk[1:]) + self.prior_weight)
+        out, survival = [], 1.0
+        for position in range(length):
+            at_risk = self.at_risk[position] if position < len(self.at_risk) else 0.0
+            failed = self.failed[position] if position < len(self.failed) else 0.0
+            shrink = prior_hazard if position == 0 else pooled
+            survival *= 1.0 - (failed + self.prior_weight * shrink) / (at_risk + self.prior_weight)
+            out.append(survival)
+        return out
 
 
 class SpanPolicy:
     """Chooses, among the proposers' candidate spans, the one (cut to the best length) with the
     most expected tokens per second on this engine's cost curve (best_span), from each source's
-    running acceptance (AcceptanceStats; a suffix span's source names its match-length bucket);
+    measured acceptance curve (AcceptanceStats; a suffix span's source names its match-length bucket);
     learns from every verdict, per source. Used by the decoding loop and (through the replay
     engine) by the simulator alike.
 
