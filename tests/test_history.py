@@ -27,7 +27,7 @@ def test_history_is_bounded_and_its_trees_follow_it():
 def test_suffix_proposer_copies_an_earlier_response():
     history = ResponseHistory()
     history.add([1, 2, 3, 4, 5, 6, 7, 8])
-    proposer = SuffixProposer(SuffixParams(max_depth=8, max_span=8), [[40, 41]], history)
+    proposer = SuffixProposer(SuffixParams(max_depth=8, max_span=8, span_factor=2.0), [[40, 41]], history)
     proposer.observe([2, 3, 4])
     assert proposer.propose(8)[0][:4] == [5, 6, 7, 8]
     assert SuffixProposer(SuffixParams(max_depth=8, max_span=8), [[40, 41]]).propose(8)[0] == []
