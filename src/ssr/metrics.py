@@ -85,10 +85,12 @@ class Metrics:
         elif self.mode in DRAFT_MODES:
             parts.append(_no_draft_reason(self.policy.get("explain", {})))
         if self.suffix_accepted_tokens:
-            parts.append(f"{self.suffix_accepted_tokens} answer tokens copied from the prompt and reasoning, "
-                         f"checked {self.verify_passes} passes at a time instead of decoded one by one")
+            parts.append(f"{self.suffix_accepted_tokens} answer tokens copied from earlier text (prompt, reasoning, "
+                         f"draft) and checked in {self.verify_passes} passes instead of decoded one by one")
         elif self.mode != "ar":
             parts.append("nothing to copy from the prompt or reasoning")
+        if self.cot_accepted_tokens:
+            parts.append(f"{self.cot_accepted_tokens} reasoning tokens copied in {self.cot_passes} passes")
         return "; ".join(parts) + " (same tokens as plain decoding; --json for details)"
 
 

@@ -219,18 +219,18 @@ def write_report(rows: list[dict], out_dir: Path, config_note: str = "", extra: 
             parts += ["Environment-dependent items (scored, marked): " + "; ".join(notes), ""]
     drafting = drafting_table(rows)
     if drafting:
-        parts += ["## Drafting (policy, stages, bootstrapping)", "",
-                  "drafted: requests that forked a child; accepted per stage: tokens of stage k's draft kept "
-                  "by stage k+1's bootstrap (the last: by the parent's verify); child s saved: draft-child seconds "
-                  "bootstrapping saved vs decoding the taken-over tokens.", "",
-                  format_drafting(drafting, markdown=True), ""]
+        parts += _section("Drafting (policy, stages, bootstrapping)",
+                          "drafted: requests that forked a child; accepted per stage: tokens of stage k's draft kept "
+                          "by stage k+1's bootstrap (the last: by the parent's verify); child s saved: draft-child "
+                          "seconds bootstrapping saved vs decoding the taken-over tokens.",
+                          format_drafting(drafting, markdown=True))
     sources = sources_table(rows, group_name)
     if sources:
-        parts += ["## Accepted tokens by source (mean per run)", "",
-                  "Each accepted token goes to the first text holding the 4-gram that ends at it: the draft's "
-                  "accepted prefix; answer span tokens: prompt, CoT, draft (only there), the answer's own earlier "
-                  "text, other; CoT span tokens: prompt, the CoT's own earlier text, other (bench/sources.py).", "",
-                  format_sources(sources, markdown=True), ""]
+        parts += _section("Accepted tokens by source (mean per run)",
+                          "Each accepted token goes to the first text holding the 4-gram that ends at it: the draft's "
+                          "accepted prefix; answer span tokens: prompt, CoT, draft (only there), the answer's own "
+                          "earlier text, other; CoT span tokens: prompt, the CoT's own earlier text, other "
+                          "(bench/sources.py).", format_sources(sources, markdown=True))
     plots = _plots(table, out_dir)
     parts += [f"![{name}]({name})" for name in plots] + ([""] if plots else [])
     if extra:
@@ -238,6 +238,10 @@ def write_report(rows: list[dict], out_dir: Path, config_note: str = "", extra: 
     path = out_dir / "report.md"
     path.write_text("\n".join(parts), encoding="utf-8")
     return path
+
+
+def _section(title: str, explanation: str, table: str) -> list[str]:
+    return [f"## {title}", "", explanation, "", table, ""]
 
 
 def format_sources(table: list[dict], markdown: bool = False) -> str:
