@@ -90,7 +90,8 @@ class Metrics:
         elif self.mode != "ar":
             parts.append("nothing to copy from the prompt or reasoning")
         if self.cot_accepted_tokens:
-            parts.append(f"{self.cot_accepted_tokens} reasoning tokens copied in {self.cot_passes} passes")
+            parts.append(f"{self.cot_accepted_tokens} reasoning token{'s' * (self.cot_accepted_tokens != 1)} copied "
+                         f"in {self.cot_passes} passes")
         return "; ".join(parts) + " (same tokens as plain decoding; --json for details)"
 
 
