@@ -1,4 +1,4 @@
-"""A real `ssr serve` process with the default model, driven by the official openai client."""
+"""A real `ssr serve` process with the fast test model, driven by the official openai client."""
 from __future__ import annotations
 
 import re
@@ -51,8 +51,8 @@ def serve(arguments: list[str], start_s: float = 180):
 
 @pytest.fixture(scope="module")
 def server():
-    yield from serve(["--thinking-budget", "24", "--draft-at", "8", "--draft-tokens", "16", "--max-tokens", "32",
-                      "--max-queue", "8"])
+    yield from serve(["--model", MODEL, "--thinking-budget", "24", "--draft-at", "8", "--draft-tokens", "16",
+                      "--max-tokens", "32", "--max-queue", "8"])
 
 
 @pytest.fixture()
