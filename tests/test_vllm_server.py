@@ -31,7 +31,8 @@ def server():
     import time
 
     before = _vllm_processes()
-    yield from serve(["--engine", "vllm", "--model", "smollm2-135m", "--context-size", "2048", "--thinking-budget", "48", "--draft-at", "16",
+    yield from serve(["--engine", "vllm", "--model", "smollm2-135m",
+                      "--context-size", "2048", "--thinking-budget", "48", "--draft-at", "16",
                       "--draft-tokens", "24", "--max-tokens", "32", "--policy", "fixed"],
                      start_s=600)  # vLLM compiles the model on a CPU
     deadline = time.time() + 60
