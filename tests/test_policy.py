@@ -177,12 +177,12 @@ def test_span_cut_follows_each_sources_measured_acceptance():
     from ssr.policy import SpanPolicy
 
     policy = SpanPolicy(CPU_LIKE)
-    assert len(policy.cut([1] * 20, None, "new")) > 0  # optimistic prior: a new source is tried
+    assert len(policy.cut([1] * 20, "new")) > 0  # optimistic prior: a new source is tried
     for _ in range(30):
-        policy.observe(8, None, 0, source="bad")  # first token always rejected
-        policy.observe(8, None, 8, source="good")
-    assert policy.cut([1] * 20, None, "bad") == []
-    assert len(policy.cut([1] * 20, None, "good")) >= 8
+        policy.observe(8, 0, source="bad")  # first token always rejected
+        policy.observe(8, 8, source="good")
+    assert policy.cut([1] * 20, "bad") == []
+    assert len(policy.cut([1] * 20, "good")) >= 8
 
 
 def test_span_guard_stops_spans_that_lose_time_and_keeps_exploring():
@@ -192,29 +192,27 @@ def test_span_guard_stops_spans_that_lose_time_and_keeps_exploring():
 
     costs = CostModel(step_s=0.010, token_s=0.001)  # spans look cheap to the model ...
     losing = SpanPolicy(costs)
-    probs = [0.99, 0.98, 0.97, 0.96]
-    assert losing.cut([1, 2, 3, 4], probs) == [1, 2, 3, 4]
+    assert losing.cut([1, 2, 3, 4]) == [1, 2, 3, 4]
     for _ in range(SpanPolicy.min_passes):
-        losing.observe(4, probs, 0, seconds=0.050)  # ... but each pass took 50 ms for one token
+        losing.observe(4, 0, seconds=0.050)  # ... but each pass took 50 ms for one token
     assert losing.losing
-    kept = [losing.cut([1, 2, 3, 4], probs) for _ in range(2 * SpanPolicy.explore_every)]
+    kept = [losing.cut([1, 2, 3, 4]) for _ in range(2 * SpanPolicy.explore_every)]
     assert sum(bool(span) for span in kept) == 2  # exploration only
     winning = SpanPolicy(costs)
     for _ in range(SpanPolicy.min_passes):
-        winning.observe(4, probs, 4, seconds=0.015)  # five tokens in 15 ms
-    assert not winning.losing and winning.cut([1, 2, 3, 4], probs) == [1, 2, 3, 4]
+        winning.observe(4, 4, seconds=0.015)  # five tokens in 15 ms
+    assert not winning.losing and winning.cut([1, 2, 3, 4]) == [1, 2, 3, 4]
     untimed = SpanPolicy(costs)  # without seconds (older callers) the guard never judges
     for _ in range(SpanPolicy.min_passes):
-        untimed.observe(4, probs, 0)
+        untimed.observe(4, 0)
     assert not untimed.losing
 
 
 CHOICES = [  # (candidates, observations per source (proposed, accepted) x 8, expected source, expected length);
-    # probabilities are the proposer's own and do not price spans (measured acceptance does)
-    ([("suffix", [1, 2], [0.9, 0.8]), ("lookup", [5, 6, 7, 8], [0.9, 0.85, 0.8, 0.75])], {}, "lookup", 4),
-    ([("suffix", [1, 2, 3], [0.95, 0.9, 0.85]), ("lookup", [5, 6, 7, 8], None)], {"lookup": (4, 0)}, "suffix", 3),
-    ([("suffix", [1, 2, 3], [0.95, 0.9, 0.85]), ("lookup", [5, 6, 7, 8, 9, 10], None)], {"lookup": (6, 6)},
-     "lookup", 6),
+    # spans are priced by each source's measured acceptance
+    ([("suffix", [1, 2]), ("lookup", [5, 6, 7, 8])], {}, "lookup", 4),
+    ([("suffix", [1, 2, 3]), ("lookup", [5, 6, 7, 8])], {"lookup": (4, 0)}, "suffix", 3),
+    ([("suffix", [1, 2, 3]), ("lookup", [5, 6, 7, 8, 9, 10])], {"lookup": (6, 6)}, "lookup", 6),
 ]
 
 
@@ -225,6 +223,6 @@ def test_span_policy_chooses_the_source_worth_most(candidates, observed, source,
     policy = SpanPolicy(CostModel(step_s=0.010, token_s=0.001))  # GPU-like: long spans are cheap
     for name, (proposed, accepted) in observed.items():
         for _ in range(8):
-            policy.observe(proposed, None, accepted, source=name)
+            policy.observe(proposed, accepted, source=name)
     chosen, span = policy.choose(candidates)
     assert (chosen, len(span)) == (source, length)

@@ -121,10 +121,10 @@ class Generation(Walk):
             child = drafts[-1] if drafts and drafts[-1].seq is not None else None
             if child is None and proposer is not None:
                 room = min([config.thinking_budget] + stages[:1]) - len(cot_ids) - 1  # tokens after the bonus
-                source, span, probs = self._propose(proposer, room, self.cot_spans)
+                source, span = self._propose(proposer, room, self.cot_spans)
                 if span:
-                    pending, end = yield from self._cot_span(parent, pending, (source, span, probs), cot_ids,
-                                                             stream, proposer)
+                    pending, end = yield from self._cot_span(parent, pending, (source, span), cot_ids, stream,
+                                                             proposer)
                     if end:
                         cot_end = end
                         break
@@ -157,11 +157,11 @@ class Generation(Walk):
         metrics.cot_tokens, metrics.cot_end = len(cot_ids), cot_end
         return cot_ids, pending, cot_end, drafts
 
-    def _cot_span(self, parent: int, pending: int, proposal: tuple[str, list[int], list[float] | None],
+    def _cot_span(self, parent: int, pending: int, proposal: tuple[str, list[int]],
                   cot_ids: list[int], stream: TextStream, proposer: Proposer):
         """One speculative CoT pass, as in stage 3 but under the CoT's rules (banned tokens,
         end marker, EOS, loops): returns (pending token or None, how the CoT ended or "")."""
-        source, span, probs = proposal
+        source, span = proposal
         base, start, at = self.engine.length(parent), self._now(), len(cot_ids)
         rows = self._score(parent, [pending] + span).copy()  # 2. [k + 1, vocab]
         rows[:, self.banned_ids] = -np.inf
@@ -178,7 +178,7 @@ class Generation(Walk):
         self.engine.truncate(parent, base + fed)  # 4. pending + the tokens before the new pending
         kept = committed[: fed - 1 if end == "eos" else fed]  # EOS is not part of the CoT
         proposer.observe(kept)  # 5.
-        self.cot_spans.observe(len(span), probs, verdict.num_accepted, self._now() - start, source)
+        self.cot_spans.observe(len(span), verdict.num_accepted, self._now() - start, source)
         self.metrics.cot_passes += 1
         self.metrics.cot_proposed_tokens += len(span)
         self.metrics.cot_accepted_tokens += min(verdict.num_accepted, fed)
@@ -249,8 +249,7 @@ class Generation(Walk):
         metrics = self.metrics
         while not metrics.stop:
             pending = self.answer_ids[-1]
-            source, span, probs = self._propose(proposer, self.config.max_tokens - len(self.answer_ids),
-                                                self.spans)  # 1.
+            source, span = self._propose(proposer, self.config.max_tokens - len(self.answer_ids), self.spans)  # 1.
             if not span:
                 rows = self._step([(parent, pending)])  # [1, vocab]
                 yield from self._commit([self._verdict([], rows).next_token], proposer)
@@ -262,23 +261,21 @@ class Generation(Walk):
             metrics.verify_passes += 1
             metrics.suffix_proposed_tokens += len(span)
             metrics.suffix_accepted_tokens += verdict.num_accepted
-            self.spans.observe(len(span), probs, verdict.num_accepted, self._now() - start, source)  # 5.
+            self.spans.observe(len(span), verdict.num_accepted, self._now() - start, source)  # 5.
             self._trace.append({"kind": "span", "at": len(self.answer_ids), "source": source,
                                 "proposed": len(span), "accepted": verdict.num_accepted})
             yield from self._commit(span[: verdict.num_accepted] + [verdict.next_token], proposer)
 
-    def _propose(self, proposer: Proposer | None, room: int,
-                 spans: SpanPolicy) -> tuple[str, list[int], list[float] | None]:
-        """(source, span of at most `room` tokens, the source's probabilities for it). The ssr modes
+    def _propose(self, proposer: Proposer | None, room: int, spans: SpanPolicy) -> tuple[str, list[int]]:
+        """(source, span of at most `room` tokens). The ssr modes
         let the span policy choose among the sources and cut the span to what the engine's costs
         justify; the peers `suffix` and `pld` verify what their one proposer proposes, as their
         users run them."""
         found = proposer.candidates(room) if proposer is not None and room > 0 else []
         if not found:
-            return "", [], None
+            return "", []
         if self.config.adaptive_spans and self.config.uses_draft:
-            source, span = spans.choose(found)
-            return source, span, next((probs for name, _, probs in found if name == source), None)
+            return spans.choose(found)
         return found[0]
 
     # -- helpers ------------------------------------------------------------------------

@@ -166,10 +166,10 @@ class SpanPolicy:
         self.timed_passes = 0  # passes whose seconds were reported
         self.skipped = 0  # proposals dropped by the guard since the last one verified
 
-    def choose(self, candidates: Sequence[tuple[str, list[int], list[float] | None]]) -> tuple[str, list[int]]:
+    def choose(self, candidates: Sequence[tuple[str, list[int]]]) -> tuple[str, list[int]]:
         """(source, span cut to its best length) of the candidate worth most; ("", []) for a plain step."""
         best_source, best_span_ids, best_rate = "", [], 1.0 / self.costs.cost(1)
-        for source, span, _ in candidates:
+        for source, span in candidates:
             length, rate = best_span(self.stats[source].probs(len(span)), self.costs)
             if length and rate > best_rate:
                 best_source, best_span_ids, best_rate = source, span[:length], rate
@@ -179,18 +179,16 @@ class SpanPolicy:
                 return "", []
         return best_source, best_span_ids
 
-    def cut(self, span: list[int], probs: list[float] | None, source: str = "") -> list[int]:
+    def cut(self, span: list[int], source: str = "") -> list[int]:
         """One source's span cut to its best length ([] for a plain step)."""
-        return self.choose([(source, span, probs)])[1]
+        return self.choose([(source, span)])[1]
 
     @property
     def losing(self) -> bool:
         return self.timed_passes >= self.min_passes and self.gain_s < 0
 
-    def observe(self, num_proposed: int, probs: list[float] | None, num_accepted: int,
-                seconds: float | None = None, source: str = "") -> None:
-        """A verified span: its length, the proposer's probabilities (unused: acceptance is
-        measured), the verdict, the pass's seconds when measured, and its source."""
+    def observe(self, num_proposed: int, num_accepted: int, seconds: float | None = None, source: str = "") -> None:
+        """A verified span: its length, the verdict, the pass's seconds when measured, and its source."""
         self.stats[source].observe(num_proposed, num_accepted)
         if seconds is not None:
             self.timed_passes += 1

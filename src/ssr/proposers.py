@@ -28,8 +28,8 @@ class Proposer(Protocol):
         """At most max_tokens guesses for the tokens that follow ([] for none), and the
         estimated probability that each prefix of them is right (None: no estimate)."""
 
-    def candidates(self, max_tokens: int) -> list[tuple[str, list[int], list[float] | None]]:
-        """(source name, span, probabilities) of every non-empty proposal, for a span policy to choose from."""
+    def candidates(self, max_tokens: int) -> list[tuple[str, list[int]]]:
+        """(source name, span) of every non-empty proposal, for a span policy to choose from."""
 
 
 class _OneSource:
@@ -37,9 +37,9 @@ class _OneSource:
 
     source = ""
 
-    def candidates(self, max_tokens: int) -> list[tuple[str, list[int], list[float] | None]]:
-        span, probs = self.propose(max_tokens)
-        return [(self.source, span, probs)] if span else []
+    def candidates(self, max_tokens: int) -> list[tuple[str, list[int]]]:
+        span, _ = self.propose(max_tokens)
+        return [(self.source, span)] if span else []
 
 
 class CompetingProposers:
@@ -58,10 +58,14 @@ class CompetingProposers:
             proposer.add_source(token_ids)
 
     def propose(self, max_tokens: int) -> tuple[list[int], list[float] | None]:
-        found = self.candidates(max_tokens)
-        return (found[0][1], found[0][2]) if found else ([], None)
+        """The first source's proposal."""
+        for proposer in self.proposers.values():
+            span, probs = proposer.propose(max_tokens)
+            if span:
+                return span, probs
+        return [], None
 
-    def candidates(self, max_tokens: int) -> list[tuple[str, list[int], list[float] | None]]:
+    def candidates(self, max_tokens: int) -> list[tuple[str, list[int]]]:
         return [candidate for proposer in self.proposers.values() for candidate in proposer.candidates(max_tokens)]
 
 
@@ -120,7 +124,6 @@ class SuffixProposer(_OneSource):
         self._live = self.tree.add_sequence()  # the output as it is committed
         self.history = history.tree(params.max_depth) if history is not None else None  # earlier responses
         self._history_nodes = [self.history.root] if self.history is not None else []  # context's suffixes there
-        self.match_len = 0  # match length of the last proposal
 
     def add_source(self, token_ids: Sequence[int]) -> None:
         self.tree.add_sequence(token_ids)
@@ -131,22 +134,27 @@ class SuffixProposer(_OneSource):
             self._history_nodes = self.history.advance(self._history_nodes, token)
 
     def propose(self, max_tokens: int) -> tuple[list[int], list[float] | None]:
-        """The request tree's span, or the earlier responses' when it expects more tokens."""
-        limit = min(max_tokens, self.params.max_span)
-        factor, min_prob = self.params.span_factor, self.params.min_prob
-        span, probs, self.match_len = self.tree.propose_from(self.tree.suffix_nodes(self._live), limit, factor, min_prob)
-        if self.history is not None:
-            other = self.history.propose_from(self._history_nodes, limit, factor, min_prob)
-            if sum(other[1]) > sum(probs):
-                span, probs, self.match_len = other
+        span, probs, _ = self._best(max_tokens)
         return span, probs
 
-    def candidates(self, max_tokens: int) -> list[tuple[str, list[int], list[float] | None]]:
+    def candidates(self, max_tokens: int) -> list[tuple[str, list[int]]]:
         """One candidate, its source named by its match length (long matches are trusted more:
-        a span policy calibrates each bucket apart)."""
-        span, probs = self.propose(max_tokens)
-        bucket = sum(self.match_len >= edge for edge in self.MATCH_BUCKETS)
-        return [(f"{self.source}/{bucket}", span, probs)] if span else []
+        a span policy measures each bucket apart)."""
+        span, _, match_len = self._best(max_tokens)
+        bucket = sum(match_len >= edge for edge in self.MATCH_BUCKETS)
+        return [(f"{self.source}/{bucket}", span)] if span else []
+
+    def _best(self, max_tokens: int) -> tuple[list[int], list[float], int]:
+        """(span, probabilities, match length) of the request tree, or of the earlier responses'
+        tree when it expects more tokens."""
+        limit = min(max_tokens, self.params.max_span)
+        factor, min_prob = self.params.span_factor, self.params.min_prob
+        best = self.tree.propose_from(self.tree.suffix_nodes(self._live), limit, factor, min_prob)
+        if self.history is not None:
+            other = self.history.propose_from(self._history_nodes, limit, factor, min_prob)
+            if sum(other[1]) > sum(best[1]):
+                best = other
+        return best
 
 
 class PromptLookupProposer(_OneSource):

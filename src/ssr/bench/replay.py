@@ -196,6 +196,6 @@ class RecordedSpans:
         right = target[at: at + event["accepted"]]
         return (right + [self.never_id] * (event["proposed"] - len(right)))[:max_tokens], None
 
-    def candidates(self, max_tokens: int) -> list[tuple[str, list[int], list[float] | None]]:
+    def candidates(self, max_tokens: int) -> list[tuple[str, list[int]]]:
         span, _ = self.propose(max_tokens)
-        return [("recorded", span, None)] if span else []
+        return [("recorded", span)] if span else []

@@ -21,6 +21,14 @@ def _ngrams(tokens: list[int]) -> set[tuple[int, ...]]:
     return {tuple(tokens[i : i + NGRAM]) for i in range(len(tokens) - NGRAM + 1)}
 
 
+def _first_ends(tokens: list[int]) -> dict[tuple[int, ...], int]:
+    """n-gram -> index of the token that ends its first occurrence in `tokens`."""
+    first: dict[tuple[int, ...], int] = {}
+    for end in range(NGRAM - 1, len(tokens)):
+        first.setdefault(tuple(tokens[end - NGRAM + 1 : end + 1]), end)
+    return first
+
+
 def accepted_sources(row: dict) -> Counter:
     """Accepted tokens of one bench row by source (see the module docstring)."""
     counts: Counter = Counter()
@@ -28,6 +36,7 @@ def accepted_sources(row: dict) -> Counter:
     prompt, cot, answer, draft = row["prompt_ids"], row["cot_ids"], row["answer_ids"], row.get("draft_ids", [])
     counts["draft prefix"] = metrics.get("accepted_prefix_tokens", 0)
     texts = {"prompt": _ngrams(prompt), "cot": _ngrams(cot), "draft": _ngrams(draft)}
+    own_first = {"span": _first_ends(answer), "cot_span": _first_ends(cot)}  # the output's own earlier text
     for event in trace:
         if "at" not in event or not event["accepted"]:
             continue
@@ -43,8 +52,8 @@ def accepted_sources(row: dict) -> Counter:
             gram = tuple(window)
             source = next((name for name in order if gram in texts[name]), None)
             if source is None:
-                earlier = output[:position]
-                source = own if gram in _ngrams(earlier) else ("other" if own == "answer" else "cot:other")
+                earlier = own_first[event["kind"]].get(gram, position) < position  # ends before this token
+                source = own if earlier else ("other" if own == "answer" else "cot:other")
             elif event["kind"] == "cot_span":
                 source = "cot:" + source
             counts[source] += 1
