@@ -23,9 +23,7 @@ import time
 from pathlib import Path
 
 from ssr import SSR, GenerationConfig
-
-sys.path.insert(0, str(Path(__file__).parent))
-from gpu_check import PROMPTS  # noqa: E402  (the same three prompts)
+from ssr.device_check import PROMPTS  # the same three prompts as the GPU check
 
 
 

@@ -114,12 +114,13 @@ def load_costs(spec: str) -> Costs:
         raise ConfigError(f"cannot read cost model {spec!r}: {error} (give a calibrate JSON or 'gpu')") from error
 
 
-def calibrate(engine, repeats: int = 5, context_tokens: int = 1024, progress=None) -> Costs:
+def calibrate(engine, repeats: int = 5, context_tokens: int = 1024, progress=None,
+              score_sizes: tuple[int, ...] = SCORE_SIZES) -> Costs:
     """Median wall seconds of step (1, 2, 4 sequences), score (8..512 tokens) and prefill,
     measured on this engine at a context of `context_tokens` tokens; step(1), score(128)
     and prefill again at twice that context give the context slopes."""
     tick = progress or (lambda: None)
-    prefill_s, step_s, score_s = _probe(engine, context_tokens, repeats, STEP_SIZES, SCORE_SIZES, tick)
+    prefill_s, step_s, score_s = _probe(engine, context_tokens, repeats, STEP_SIZES, score_sizes, tick)
     longer = 2 * context_tokens
     prefill_long, step_long, score_long = _probe(engine, longer, repeats, (1,), (128,), tick)
     grown = longer - context_tokens

@@ -130,6 +130,19 @@ def _check_attention_layers(config, context_size: int) -> None:
         raise EngineError(f"this model's sliding-window layers ({window} tokens) need --context-size <= {window}")
 
 
+def register_attention() -> None:
+    """Make `invariant_attention` loadable as attn_implementation=ATTENTION_NAME."""
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(ATTENTION_NAME, invariant_attention)
+
+
+def _check_dtype(dtype: str) -> str:
+    if dtype not in ("float32", "bfloat16", "float16"):
+        raise EngineError(f"dtype must be float32, bfloat16 or float16, got {dtype!r}")
+    return dtype
+
+
 def model_source(path_or_id: str | Path) -> tuple[str, str | None]:
     """(folder or hub id, GGUF file name inside it or None) for from_pretrained."""
     path = Path(path_or_id).expanduser()
@@ -143,7 +156,7 @@ class TransformersEngine(SequenceSlots):
                  batch_size: int = 512, threads: int | None = None, device: str | None = None,
                  dtype: str | None = None, min_rows: int = 16, verbose: bool = False) -> None:
         import torch
-        from transformers import AttentionInterface, AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoModelForCausalLM, AutoTokenizer
         from transformers.utils import logging as hf_logging
 
         if not verbose:
@@ -151,34 +164,51 @@ class TransformersEngine(SequenceSlots):
             hf_logging.disable_progress_bar()
         if threads:
             torch.set_num_threads(threads)
-        self._torch = torch
-        self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-        dtype = dtype or ("float32" if self.device == "cpu" else "bfloat16")
-        if dtype not in ("float32", "bfloat16", "float16"):
-            raise EngineError(f"dtype must be float32, bfloat16 or float16, got {dtype!r}")
-        AttentionInterface.register(ATTENTION_NAME, invariant_attention)
+        device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        dtype = _check_dtype(dtype or ("float32" if device == "cpu" else "bfloat16"))
+        register_attention()
         source, gguf_file = model_source(model)
         try:
-            self._tokenizer = AutoTokenizer.from_pretrained(source, gguf_file=gguf_file)
-            self._model = AutoModelForCausalLM.from_pretrained(
+            tokenizer = AutoTokenizer.from_pretrained(source, gguf_file=gguf_file)
+            hf_model = AutoModelForCausalLM.from_pretrained(
                 source, gguf_file=gguf_file, dtype=getattr(torch, dtype), attn_implementation=ATTENTION_NAME
-            ).to(self.device).eval()
+            ).to(device)
         except (OSError, ValueError, KeyError, RuntimeError) as error:
             raise EngineError(f"transformers could not load {model}: {str(error).splitlines()[0]}") from error
+        name = Path(str(model)).stem if gguf_file else str(model).rstrip("/").split("/")[-1]
+        self._adopt(hf_model, tokenizer, name, context_size, max_sequences, batch_size, min_rows)
+
+    @classmethod
+    def adopt(cls, hf_model, tokenizer, name: str, context_size: int = 8192, max_sequences: int = 4,
+              batch_size: int = 512, min_rows: int = 16) -> TransformersEngine:
+        """An engine over a model already built (e.g. randomly initialised from a config, as the
+        device check does); its attention must be ATTENTION_NAME (see `register_attention`)."""
+        engine = cls.__new__(cls)
+        engine._adopt(hf_model, tokenizer, name, context_size, max_sequences, batch_size, min_rows)
+        return engine
+
+    def _adopt(self, hf_model, tokenizer, name: str, context_size: int, max_sequences: int,
+               batch_size: int, min_rows: int) -> None:
+        import torch
+
+        self._torch = torch
+        self._model = hf_model.eval()
+        self._tokenizer = tokenizer
+        self.device = str(next(hf_model.parameters()).device)
+        self.dtype = str(next(hf_model.parameters()).dtype).removeprefix("torch.")
         _check_attention_layers(self._model.config, context_size)
-        self.name = Path(str(model)).stem if gguf_file else str(model).rstrip("/").split("/")[-1]
-        self.dtype = dtype
+        self.name = name
         self.threads = torch.get_num_threads()
         self.batch_size = batch_size
         self.min_rows = min_rows
         self.context_size = context_size
         self.vocab_size = self._model.get_output_embeddings().weight.shape[0]
-        self.text = TokenizerText(self._tokenizer, getattr(self._model.generation_config, "eos_token_id", None))
+        self.text = TokenizerText(tokenizer, getattr(self._model.generation_config, "eos_token_id", None))
         self.chat_template, self.bos_text, self.eos_text = self.text.chat_template, self.text.bos_text, self.text.eos_text
         self.add_bos, self.eos_ids = self.text.add_bos, self.text.eos_ids
-        self._pad_id = self._tokenizer.pad_token_id or 0  # fed as throw-away queries
+        self._pad_id = tokenizer.pad_token_id or 0  # fed as throw-away queries
         # names this setup for the cached cost table (see costs.engine_costs)
-        self.cost_key = f"transformers-{self.name}-{self.device}-{dtype}-{self.threads}t"
+        self.cost_key = f"transformers-{self.name}-{self.device.split(':')[0]}-{self.dtype}-{self.threads}t"
         self._cache = _slot_cache_class()(max_sequences, CAPACITY_BLOCK)
         SequenceSlots.__init__(self, max_sequences)  # a sequence is its slot in the KV buffers
 
@@ -240,6 +270,8 @@ class TransformersEngine(SequenceSlots):
         for (seq, tokens), start in zip(rows, starts):
             self._lengths[seq] = start + len(tokens)
         if not want_logits:
+            if self.device.startswith("cuda"):
+                torch.cuda.synchronize()  # a pass is over when it returns (prefill timings, errors)
             return np.zeros((0, self.vocab_size), np.float32)
         logits = out.logits.float()  # [rows, q, vocab]
         kept = [logits[row, : len(tokens)] for row, (_, tokens) in enumerate(rows)]
