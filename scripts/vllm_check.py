@@ -8,7 +8,10 @@ Prints, each measured side by side in this one run:
 1. smoke: ar vs ssr greedy on three prompts, token identity and prefix-cache hits of the child;
 2. verify cost: one prompt_logprobs request over prompt + CoT + draft, reading vLLM's prefix
    cache vs vLLM's default for prompt_logprobs (the cache skipped), median of 3 each;
-3. ClassEval: ar and ssr alternating on --items items: latency ratio per item and its median,
+3. sampled verification cost: the verify request with 20-token rows (sampled, top_k 20) vs
+   1-token rows (greedy), the draft child with and without its 20-token rows, and the
+   rejection sampling on the rows in Python, median of 3 each;
+4. ClassEval: ar and ssr alternating on --items items: latency ratio per item and its median,
    accepted-prefix tokens, identity.
 With --out (or $OUT) it writes vllm_check.json there.
 """
@@ -62,7 +65,11 @@ def main() -> int:
     report["verify"] = verify_cost(model, PROMPTS[1], base)
     print(f"   {report['verify']}", flush=True)
 
-    print(f"3. ClassEval, {args.items} items: ar and ssr alternating")
+    print("3. sampled verification cost: 20-token rows vs greedy's 1")
+    report["sampled_cost"] = sampled_cost(model, PROMPTS[1], base)
+    print(f"   {report['sampled_cost']}", flush=True)
+
+    print(f"4. ClassEval, {args.items} items: ar and ssr alternating")
     from ssr.bench.suites import load_suite
 
     try:
@@ -145,6 +152,53 @@ def verify_cost(model: SSR, prompt: str, base: dict, repeats: int = 3) -> dict:
     median = {label: statistics.median(values) for label, values in times.items()}
     return {"prompt_tokens": len(context) + len(draft), "draft_tokens": len(draft), "seconds": median,
             "cached_tokens": cached, "skip_over_read": median["skips_cache"] / max(median["reads_cache"], 1e-9)}
+
+
+def sampled_cost(model: SSR, prompt: str, base: dict, repeats: int = 3, top_k: int = 20) -> dict:
+    """What sampled verification adds per request on vLLM: rows of top_k logprobs in the verify
+    request (prompt_logprobs) and in the draft child (logprobs), and the rejection sampling on
+    them in Python, each against the greedy request it replaces."""
+    import numpy as np
+    from vllm import SamplingParams
+
+    from ssr.config import SamplingParams as Sampling
+    from ssr.verify import verify_sampled_rows
+
+    engine = model.engine
+    result = model.generate(prompt, GenerationConfig(mode="ar", **base))
+    context = model.prompt_ids(prompt) + result.cot_ids + result.forced_ids
+    draft = result.answer_ids[: base["draft_tokens"]]
+    times: dict[str, list[float]] = {key: [] for key in ("verify_1", f"verify_{top_k}", "child_plain",
+                                                         f"child_{top_k}", "python_rows")}
+    rows_out = None
+    for attempt in range(repeats):
+        for rows in (1, top_k):
+            variant = draft[:-1] + [draft[-1] ^ (attempt + 1)] if draft else draft  # a new last block each time
+            start = time.perf_counter()
+            output = engine.open(engine.new_id("cost"), context + variant, SamplingParams(
+                temperature=0.0 if rows == 1 else 1.0, top_k=-1 if rows == 1 else top_k, max_tokens=1,
+                prompt_logprobs=rows, detokenize=False)).result()
+            times[f"verify_{rows}"].append(time.perf_counter() - start)
+            if rows == top_k:
+                rows_out = [output.prompt_logprobs[len(context) + i] for i in range(len(draft))]
+        for label, logprobs in (("child_plain", None), (f"child_{top_k}", top_k)):
+            start = time.perf_counter()
+            child = engine.open(engine.new_id("cost"), context, SamplingParams(
+                temperature=1.0, top_k=top_k, seed=attempt, max_tokens=len(draft), logprobs=logprobs,
+                ignore_eos=True, detokenize=False)).result()
+            times[label].append(time.perf_counter() - start)
+            child_rows = child.outputs[0].logprobs
+        start = time.perf_counter()
+        top = [{t: lp.logprob for t, lp in row.items() if lp.rank <= top_k} for row in rows_out]
+        mine = [{t: lp.logprob for t, lp in row.items() if lp.rank <= top_k} for row in child_rows or []]
+        if mine:
+            verify_sampled_rows(list(child.outputs[0].token_ids), mine, top[: len(mine)], draft[0],
+                                Sampling(temperature=1.0, top_k=top_k), np.random.default_rng(attempt))
+        times["python_rows"].append(time.perf_counter() - start)
+    median = {label: statistics.median(values) for label, values in times.items()}
+    return {"draft_tokens": len(draft), "prompt_tokens": len(context) + len(draft), "seconds": median,
+            "verify_extra_s": median[f"verify_{top_k}"] - median["verify_1"],
+            "child_extra_s": median[f"child_{top_k}"] - median["child_plain"]}
 
 
 if __name__ == "__main__":

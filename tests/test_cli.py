@@ -27,7 +27,7 @@ BAD_INPUT = [
     (["generate", "hi", "--draft-at", "-1"], "--draft-at must be >= 0"),
     (["generate", "hi", "--max-tokens", "-5"], "--max-tokens must be >= 1"),
     (["generate", "hi", "--thinking-budget", "-1"], "--thinking-budget must be >= 0"),
-    (["generate", "hi", "--temperature", "-0.5"], "--temperature must be >= 0"),
+    (["generate", "hi", "--temperature", "-0.5"], "--temperature must be a finite number >= 0"),
     (["generate", "hi", "--top-p", "0"], "--top-p must be in (0, 1]"),
     (["generate", "hi", "--draft-tokens", "0"], "--draft-tokens must be >= 1"),
     (["generate", "hi", "--verify-chunk", "0"], "--verify-chunk must be >= 1"),

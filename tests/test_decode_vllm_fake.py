@@ -29,7 +29,8 @@ def test_greedy_identity_on_fake_requests(mode, draft_at, interval):
     assert got.answer_ids == expected.answer_ids and got.answer == expected.answer
     forks = list(range(draft_at, 40, interval)) if interval else [draft_at]
     assert [stage["forked_at"] for stage in got.metrics.stages] == forks
-    assert roles(engine).count("draft") == len(forks) and roles(engine).count("verify") == 1
+    restarts = got.metrics.engine.get("child_restarts", 0)  # a bootstrapped child whose carried draft failed
+    assert roles(engine).count("draft") == len(forks) + restarts and roles(engine).count("verify") == 1
 
 
 def test_child_prompt_extends_the_parent_and_the_latest_draft_is_verified():
@@ -37,9 +38,16 @@ def test_child_prompt_extends_the_parent_and_the_latest_draft_is_verified():
     parent_prompt = engine.opened[0][1]
     drafts = [(prompt, params) for request_id, prompt, params in engine.opened if request_id.endswith("draft")]
     forced = engine.tokenize(FMT.forced_end + FMT.answer_prefix)
-    for (prompt, params), stage in zip(drafts, got.metrics.stages):
-        assert prompt == parent_prompt + got.cot_ids[: stage["forked_at"]] + forced
-        assert params.max_tokens == 30 and params.temperature == 0
+    contexts = [parent_prompt + got.cot_ids[: stage["forked_at"]] + forced for stage in got.metrics.stages]
+    for prompt, params in drafts:  # each extends a stage's context; later stages carry a draft after it
+        context = next(c for c in contexts if prompt[: len(c)] == c)
+        carried = len(prompt) - len(context)
+        assert (carried == 0) == (context == contexts[0])
+        assert params.max_tokens == max(1, 30 - carried) and params.temperature == 0
+    assert len(drafts) == len(contexts) + got.metrics.engine.get("child_restarts", 0)
+    steady, _ = run("ssr", engine=FakeRequestsEngine(drift=0.0), draft_at=10, draft_interval=10)  # CoT barely matters
+    assert [stage["bootstrapped"] for stage in steady.metrics.stages] == [0, 30, 30]  # carried on, not redone
+    assert [stage["accepted"] for stage in steady.metrics.stages[:2]] == [30, 30]  # by the next stage
     used = [stage for stage in got.metrics.stages if stage["used"]]
     assert used == [got.metrics.stages[-1]] and used[0]["accepted"] == got.metrics.accepted_prefix_tokens
     verify = next(prompt for request_id, prompt, _ in engine.opened if request_id.endswith("verify"))
@@ -85,13 +93,58 @@ def test_junk_rows_would_be_caught():
     assert junk != draft  # what a verifier reading them would have seen
 
 
-def test_sampling_decodes_plainly_and_modes_are_checked():
-    sampling = SamplingParams(temperature=0.8, seed=3)
+def test_sampling_without_top_k_decodes_plainly_and_modes_are_checked():
+    sampling = SamplingParams(temperature=0.8, seed=3)  # top_k 0: rows of 20 cannot be exact
     expected, _ = run("ar", sampling=sampling)
     got, engine = run("ssr", sampling=sampling)
     assert got.answer_ids == expected.answer_ids and "draft" not in roles(engine)
     assert "sampling on vLLM" in got.metrics.policy["explain"]["reason"]
+    assert "max_logprobs (20)" in got.metrics.policy["explain"]["reason"]
     with pytest.raises(ConfigError, match="--speculative-method"):
         run("suffix")
     with pytest.raises(ConfigError, match="context-size"):
         run("ar", engine=FakeRequestsEngine(context_size=64))
+
+
+def answer_prefixes(mode, seeds, length=1, **options):
+    from collections import Counter
+
+    counts = Counter()
+    for seed in seeds:
+        sampling = SamplingParams(temperature=1.3, top_k=6, top_p=0.95, seed=seed)
+        settings = dict(thinking_budget=12, draft_at=2, draft_interval=4, draft_tokens=4, max_tokens=length)
+        engine = FakeRequestsEngine(drift=2.0)  # the whole context weighs: the child's q differs from p
+        got, _ = run(mode, engine=engine, sampling=sampling, **{**settings, **options})
+        counts[tuple(got.answer_ids[:length])] += 1
+    return counts
+
+
+def test_sampled_ssr_on_requests_keeps_ar_distribution():
+    """Sampled requests draft, bootstrap and verify on top-k rows; the answer's distribution is
+    ar's (two-sample chi-square over the first answer token)."""
+    from test_decode_fake import contingency_p
+
+    sampling = SamplingParams(temperature=1.3, top_k=6, seed=5)
+    got, engine = run("ssr", sampling=sampling, draft_at=3, draft_interval=4, thinking_budget=12)
+    assert got.metrics.stages and got.metrics.verify_passes == 1
+    drafts = [params for request_id, _, params in engine.opened if request_id.endswith("draft")]
+    assert all(params.logprobs == 6 and params.temperature == 1.3 for params in drafts)
+    ar = answer_prefixes("ar", range(0, 700))
+    ssr = answer_prefixes("ssr", range(5000, 5700))
+    assert contingency_p(ar, ssr) > 1e-3
+
+
+def test_sampled_distribution_test_catches_a_biased_verifier(monkeypatch):
+    """The test above can fail: a verifier that accepts every draft token is caught."""
+    import ssr.decode_vllm as decode_vllm
+    from ssr.verify import Verdict
+
+    from test_decode_fake import contingency_p
+
+    def accept_all(draft_ids, draft_rows, target_rows, bonus, params, rng, approx=False):
+        return Verdict(len(draft_ids), bonus, False)
+
+    ar = answer_prefixes("ar", range(0, 700))
+    monkeypatch.setattr(decode_vllm, "verify_sampled_rows", accept_all)
+    biased = answer_prefixes("ssr", range(5000, 5700), draft_interval=0)
+    assert contingency_p(ar, biased) < 1e-3

@@ -64,3 +64,88 @@ def test_multi_token_draft_each_position_follows_target(position):
             output.append(int(rng.choice(5, p=target_rows[len(output)])))
         counts[output[position]] += 1
     assert chisquare(counts, target_rows[position] * DRAWS).pvalue > 1e-3
+
+
+# -- top-k rows, as vLLM returns them ---------------------------------------------------------
+
+def _row(probs: np.ndarray, k: int, offset: int = 100) -> dict[int, float]:
+    """The top-k of a distribution as raw logprobs, on token ids offset.. (ids need not be small)."""
+    top = np.argsort(-probs)[:k]
+    return {offset + int(t): float(np.log(probs[t])) for t in top}
+
+
+def test_row_probs_applies_temperature_and_top_p_to_the_top_k():
+    from ssr.config import SamplingParams
+    from ssr.verify import row_probs
+
+    row = _row(TARGET, 3)  # tokens 101 (.40), 102 (.25), 103 (.20)
+    plain = row_probs(row, SamplingParams(temperature=1.0, top_k=3))
+    assert plain == pytest.approx({101: 0.40 / 0.85, 102: 0.25 / 0.85, 103: 0.20 / 0.85})
+    hot = row_probs(row, SamplingParams(temperature=2.0, top_k=3))
+    root = np.sqrt([0.40, 0.25, 0.20])
+    assert list(hot.values()) == pytest.approx(list(root / root.sum()))
+    nucleus = row_probs(row, SamplingParams(temperature=1.0, top_k=3, top_p=0.5))
+    assert nucleus[103] == 0 and nucleus[101] == pytest.approx(0.40 / 0.65)
+
+
+@pytest.mark.parametrize("temperature, top_p", [(1.0, 1.0), (0.6, 0.95), (1.5, 0.8)])
+def test_rows_verification_follows_the_target_exactly(temperature, top_p):
+    """Drafts sampled from the draft's processed top-3, verified on rows: output ~ the target's
+    processed top-3 (the distribution vLLM samples from with these parameters)."""
+    from ssr.config import SamplingParams
+    from ssr.verify import row_probs, verify_sampled_rows
+
+    params = SamplingParams(temperature=temperature, top_p=top_p, top_k=3)
+    draft_row, target_row = _row(DRAFT, 3), _row(TARGET, 3)
+    q, p = row_probs(draft_row, params), row_probs(target_row, params)
+    rng = np.random.default_rng(7)
+    counts = dict.fromkeys(p, 0)
+    tokens, weights = list(q), np.array(list(q.values()))
+    for _ in range(DRAWS):
+        drafted = tokens[int(rng.choice(len(tokens), p=weights / weights.sum()))]
+        bonus = list(p)[0]
+        verdict = verify_sampled_rows([drafted], [draft_row], [target_row], bonus, params, rng)
+        out = drafted if verdict.num_accepted == 1 else verdict.next_token
+        counts[out] = counts.get(out, 0) + 1
+    support = [t for t in p if p[t] > 0]
+    assert sum(counts[t] for t in counts if t not in support) == 0
+    observed = np.array([counts[t] for t in support])
+    assert chisquare(observed, np.array([p[t] for t in support]) * observed.sum()).pvalue > 1e-3
+
+
+def test_rows_verification_with_the_draft_probabilities_swapped_is_caught():
+    """A verifier fed the wrong draft distribution (the target's own) is biased: the test can fail."""
+    from ssr.config import SamplingParams
+    from ssr.verify import row_probs, verify_sampled_rows
+
+    params = SamplingParams(temperature=1.0, top_k=3)
+    draft_row, target_row = _row(DRAFT, 3), _row(TARGET, 3)
+    q, p = row_probs(draft_row, params), row_probs(target_row, params)
+    rng = np.random.default_rng(8)
+    counts = dict.fromkeys(set(p) | set(q), 0)
+    tokens, weights = list(q), np.array(list(q.values()))
+    for _ in range(DRAWS):
+        drafted = tokens[int(rng.choice(len(tokens), p=weights))]
+        verdict = verify_sampled_rows([drafted], [target_row], [target_row], list(p)[0], params, rng)
+        counts[drafted if verdict.num_accepted == 1 else verdict.next_token] += 1
+    support = [t for t in p if p[t] > 0]
+    observed = np.array([counts[t] for t in support])
+    assert chisquare(observed, np.array([p[t] for t in support]) * observed.sum()).pvalue < 1e-6
+
+
+def test_rows_verdict_equals_the_dense_verdict():
+    """On the same draws, rows on a local vocabulary give verify_sampled's verdict."""
+    from ssr.config import SamplingParams
+    from ssr.verify import row_probs, verify_sampled_rows
+
+    params = SamplingParams(temperature=1.0, top_k=5)
+    draft_rows = [_row(DRAFT, 5, offset=0), _row(np.roll(DRAFT, 1), 5, offset=0)]
+    target_rows = [_row(TARGET, 5, offset=0), _row(np.roll(TARGET, 2), 5, offset=0)]
+    dense = lambda rows: np.array([[row_probs(r, params)[t] for t in range(5)] for r in rows])  # noqa: E731
+    for seed in range(200):
+        drafted = [seed % 5, (seed // 5) % 5]
+        rows_verdict = verify_sampled_rows(drafted, draft_rows, target_rows, 3, params, np.random.default_rng(seed))
+        bonus = np.eye(5)[3][None, :]
+        dense_verdict = verify_sampled(np.array(drafted), dense(draft_rows), np.vstack([dense(target_rows), bonus]),
+                                       np.random.default_rng(seed))
+        assert rows_verdict == dense_verdict

@@ -145,7 +145,58 @@ def test_errors_through_the_client(client):
         client.chat.completions.create(model="gpt-9", messages=MESSAGES)
     with pytest.raises(openai.BadRequestError) as error:
         client.chat.completions.create(model=MODEL, messages=MESSAGES, temperature=-1)
-    assert "temperature must be >= 0" in str(error.value)
+    assert "temperature must be a finite number >= 0" in str(error.value)
     with pytest.raises(openai.BadRequestError) as error:
         client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "word " * 9000}])
     assert "more than the context holds" in str(error.value)
+
+
+def test_api_key_and_graceful_shutdown_on_sigterm():
+    """A real process: 401 without the key (not on /health); on SIGTERM the running stream
+    finishes, new requests get 503, every sequence is freed and the process exits 0."""
+    import signal
+    import urllib.error
+
+    port = _free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "ssr.cli", "serve", "--port", str(port), "--model", MODEL,
+                             "--api-key", "k3y", "--shutdown-grace", "120", "--thinking-budget", "48",
+                             "--draft-at", "8", "--max-tokens", "48"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + 180
+        while time.time() < deadline:
+            try:
+                if '"ok"' in _get(base + "/health"):
+                    break
+            except OSError:
+                time.sleep(0.5)
+            assert proc.poll() is None, proc.stdout.read()
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            _get(base + "/v1/models")
+        assert refused.value.code == 401
+        keyed = openai.OpenAI(base_url=base + "/v1", api_key="k3y", max_retries=0, timeout=300)
+        with pytest.raises(openai.AuthenticationError):
+            openai.OpenAI(base_url=base + "/v1", api_key="wrong", max_retries=0).models.list()
+        chunks, finish = [], []
+        stream = keyed.chat.completions.create(model=MODEL, messages=MESSAGES, stream=True)
+        for chunk in stream:
+            chunks.append(chunk)
+            if len(chunks) == 2:
+                proc.send_signal(signal.SIGTERM)
+                time.sleep(0.5)
+                with pytest.raises(urllib.error.HTTPError) as draining:
+                    _get(base + "/health")
+                assert draining.value.code == 503
+                with pytest.raises(openai.APIStatusError) as late:
+                    keyed.models.list()
+                assert late.value.status_code == 503
+            if chunk.choices and chunk.choices[0].finish_reason:
+                finish.append(chunk.choices[0].finish_reason)
+        assert finish and finish[0] in ("stop", "length")
+        assert proc.wait(timeout=120) == 0
+        log = proc.stdout.read()
+        assert "SIGTERM: draining" in log and "drained: 1 finished, 0 cancelled, live sequences 0" in log, log
+    finally:
+        if proc.poll() is None:
+            proc.kill()

@@ -104,7 +104,7 @@ def test_integrity_check_catches_corruption():
     tree = SuffixTree(4)
     tree.add_sequence([1, 2, 3, 1, 2, 4])
     tree.check_integrity()
-    tree.root.children[1].count = 0  # break it: children now outnumber the node
+    tree.root.get(1).count = 0  # break it: a node with no occurrences
     with pytest.raises(AssertionError):
         tree.check_integrity()
 

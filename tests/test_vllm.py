@@ -73,13 +73,65 @@ def test_closing_a_generation_aborts_its_requests(model):
     assert model.engine.live_requests() == 0
 
 
-def test_sampling_on_vllm_decodes_plainly_and_says_so(model):
-    sampling = SamplingParams(temperature=0.8, top_p=0.95, seed=7)
+def test_sampling_without_top_k_on_vllm_decodes_plainly_and_says_so(model):
+    sampling = SamplingParams(temperature=0.8, top_p=0.95, seed=7)  # top_k 0: 20-token rows cannot be exact
     prompt = _prompts()[2]
     ar = model.generate(prompt, GenerationConfig(mode="ar", sampling=sampling, **SHORT))
     ssr = model.generate(prompt, GenerationConfig(mode="ssr", sampling=sampling, draft_at=16, **SHORT))
     assert ssr.output_ids == ar.output_ids  # same seeded requests
-    assert not ssr.metrics.stages and "sampling on vLLM" in ssr.metrics.policy["explain"]["reason"]
+    assert not ssr.metrics.stages and "max_logprobs (20)" in ssr.metrics.policy["explain"]["reason"]
+
+
+def test_bootstrapped_stages_on_vllm_are_identical_on_five_prompts(model):
+    """Greedy, three stages: each later child carries the previous draft in its prompt, scored
+    there under the longer CoT; token-identical to ar on every prompt, nothing left running."""
+    carried = 0
+    for prompt in _prompts():
+        ar = model.generate(prompt, GenerationConfig(mode="ar", **SHORT))
+        ssr = model.generate(prompt, GenerationConfig(mode="ssr", draft_at=8, draft_interval=16, **SHORT))
+        assert ssr.output_ids == ar.output_ids
+        stages = ssr.metrics.stages
+        assert [stage["forked_at"] for stage in stages] == list(range(8, 8 + 16 * len(stages), 16))
+        carried += sum(stage["bootstrapped"] for stage in stages[1:])
+        assert model.engine.live_requests() == 0
+    assert carried > 0  # some stage took the previous draft over instead of writing it again
+
+
+def sampled_first_answer_tokens(model, mode: str, seeds) -> "Counter":
+    """The first answer token of sampled requests (temperature 1.5, top_k 8), 16 at a time
+    (vLLM batches them)."""
+    from collections import Counter
+    from concurrent.futures import ThreadPoolExecutor
+
+    from ssr.decode_vllm import VllmGeneration
+
+    prompt = _prompts()[0]
+    fmt = model.format()
+    prompt_ids, banned = model.prompt_ids(prompt), model.banned_ids(fmt)
+
+    def one(seed: int) -> tuple:
+        config = GenerationConfig(mode=mode, sampling=SamplingParams(temperature=1.5, top_k=8, seed=seed),
+                                  thinking_budget=12, draft_at=4, draft_tokens=4, max_tokens=1, policy="fixed")
+        result = VllmGeneration(model.engine, fmt, config, prompt_ids, banned).run()
+        return tuple(result.answer_ids[:1]), bool(result.metrics.verify_passes)
+
+    with ThreadPoolExecutor(16) as pool:
+        results = list(pool.map(one, seeds))
+    counts = Counter(token for token, _ in results)
+    counts["verified"] = sum(verified for _, verified in results)  # not a token: removed by the caller
+    return counts
+
+
+def test_sampled_ssr_on_vllm_keeps_ar_distribution(model):
+    """Exact rejection sampling on vLLM's top-k rows: sampled ssr (drafts verified on most
+    requests) and sampled ar give the same first-answer-token distribution (chi-square)."""
+    from test_decode_fake import contingency_p
+
+    ar = sampled_first_answer_tokens(model, "ar", range(0, 400))
+    ssr = sampled_first_answer_tokens(model, "ssr", range(10000, 10400))
+    assert ssr.pop("verified") > 200 and ar.pop("verified") == 0
+    assert contingency_p(ar, ssr) > 1e-3
+    assert model.engine.live_requests() == 0
 
 
 def test_vllm_rejects_modes_it_cannot_run(model):

@@ -88,6 +88,11 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-queue", type=int, default=16, help="requests that may wait; more get 429")
     serve.add_argument("--request-timeout", type=float, default=600.0, help="seconds per request, queue included")
     serve.add_argument("--served-model-name", default=None, help="model id clients send (default: --model)")
+    serve.add_argument("--api-key", default=os.environ.get("SSR_API_KEY"),
+                       help="require Authorization: Bearer KEY on every route but /health (default: $SSR_API_KEY)")
+    serve.add_argument("--shutdown-grace", type=float, default=30.0,
+                       help="on SIGTERM: seconds running requests may take to finish before they are cancelled")
+    serve.add_argument("--max-body-mb", type=float, default=8.0, help="larger request bodies get 413")
 
     commands.add_parser("models", help="list the registry models and whether they are installed")
     return parser
@@ -120,6 +125,9 @@ def add_model_arguments(parser: argparse.ArgumentParser, several_engines: bool =
     vllm.add_argument("--speculative-method", default=None,
                       help="vLLM's own speculative decoding for the answer (e.g. suffix, ngram; GPU builds)")
     vllm.add_argument("--num-speculative-tokens", type=int, default=None, help="with --speculative-method")
+    vllm.add_argument("--max-logprobs", type=int, default=20,
+                      help="logprobs per row vLLM may return (default 20): sampled SSR verifies exactly when top_k is "
+                           "at most this; -1 returns whole vocabularies (exact for any top_k, slower)")
     parser.add_argument("--template", default="auto", choices=TEMPLATE_CHOICES,
                         help="thinking format: auto (model's own markers, else code), code, cpp, trace (answers in "
                              "a line format shown by examples) or plain")
@@ -192,7 +200,7 @@ def load_model(args: argparse.Namespace):
 
 VLLM_DEFAULTS = {"tensor_parallel_size": 1, "pipeline_parallel_size": 1, "gpu_memory_utilization": None,
                  "no_prefix_caching": False, "distributed_executor_backend": None, "speculative_method": None,
-                 "num_speculative_tokens": None}  # the vllm engine's flags, unset
+                 "num_speculative_tokens": None, "max_logprobs": 20}  # the vllm engine's flags, unset
 
 
 def vllm_options(args: argparse.Namespace, only_changed: bool = False) -> dict:
@@ -206,12 +214,15 @@ def vllm_options(args: argparse.Namespace, only_changed: bool = False) -> dict:
                         ("--pipeline-parallel-size", args.pipeline_parallel_size)):
         if value < 1:
             raise ConfigError(f"{flag} must be >= 1, got {value}")
+    if args.max_logprobs < -1:
+        raise ConfigError(f"--max-logprobs must be -1 (all) or >= 0, got {args.max_logprobs}")
     if args.gpu_memory_utilization is not None and not 0 < args.gpu_memory_utilization <= 1:
         raise ConfigError(f"--gpu-memory-utilization must be in (0, 1], got {args.gpu_memory_utilization}")
     return {"tensor_parallel_size": args.tensor_parallel_size, "pipeline_parallel_size": args.pipeline_parallel_size,
             "gpu_memory_utilization": args.gpu_memory_utilization, "enable_prefix_caching": not args.no_prefix_caching,
             "distributed_executor_backend": args.distributed_executor_backend, "dtype": args.dtype,
-            "speculative_method": args.speculative_method, "num_speculative_tokens": args.num_speculative_tokens}
+            "speculative_method": args.speculative_method, "num_speculative_tokens": args.num_speculative_tokens,
+            "max_logprobs": args.max_logprobs}
 
 
 def read_prompt(args: argparse.Namespace) -> str:
@@ -300,18 +311,25 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise ConfigError(f"--port must be in 1..65535, got {args.port}")
     if args.max_queue < 0 or args.request_timeout <= 0:
         raise ConfigError("--max-queue must be >= 0 and --request-timeout > 0")
+    if args.shutdown_grace < 0 or args.max_body_mb <= 0:
+        raise ConfigError("--shutdown-grace must be >= 0 and --max-body-mb > 0")
+    if args.api_key is not None and not args.api_key.strip():
+        raise ConfigError("--api-key (or SSR_API_KEY) is empty")
     try:
-        import uvicorn
+        import uvicorn  # noqa: F401
 
-        from .server.app import create_app
+        from .server.app import create_app, serve
     except ImportError as error:
         raise ConfigError(f"ssr serve needs the server extra: pip install 'ssr[server]' ({error})") from error
     model = load_model(args)
     model.costs  # the policy's cost table: measured (or read from the cache) before the first request
     name = args.served_model_name or args.model
-    app = create_app(model, name, args.max_queue, args.request_timeout, defaults, aliases=(args.model,))
-    print(f"ssr: serving {name} on http://{args.host}:{args.port}/v1 (mode {defaults.mode})", file=sys.stderr)
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    app = create_app(model, name, args.max_queue, args.request_timeout, defaults, aliases=(args.model,),
+                     api_key=args.api_key, max_body_bytes=int(args.max_body_mb * 2**20))
+    auth = "an API key required" if args.api_key else "no API key (--api-key or SSR_API_KEY to require one)"
+    print(f"ssr: serving {name} on http://{args.host}:{args.port}/v1 (mode {defaults.mode}; {auth})",
+          file=sys.stderr)
+    serve(app, args.host, args.port, args.shutdown_grace, log=lambda line: print(line, file=sys.stderr, flush=True))
     return 0
 
 

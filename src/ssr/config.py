@@ -5,6 +5,7 @@ message meant for a person (the CLI prints it as one line and exits 2).
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 MODES = ("ar", "ssr", "ssr-prefix", "ssr-suffix", "suffix", "pld")
@@ -30,7 +31,8 @@ class SamplingParams:
     seed: int = 0  # seeds the request's numpy Generator
 
     def __post_init__(self) -> None:
-        _check(self.temperature >= 0, f"--temperature must be >= 0, got {self.temperature}")
+        _check(self.temperature >= 0 and math.isfinite(self.temperature),
+               f"--temperature must be a finite number >= 0, got {self.temperature}")
         _check(0 < self.top_p <= 1, f"--top-p must be in (0, 1], got {self.top_p}")
         _check(self.top_k >= 0, f"--top-k must be >= 0, got {self.top_k}")
         _check(self.seed >= 0, f"--seed must be >= 0, got {self.seed}")
@@ -87,7 +89,7 @@ class GenerationConfig:
         _check(self.verify_chunk >= 1, f"--verify-chunk must be >= 1, got {self.verify_chunk}")
         _check(self.repetition_stop == 0 or self.repetition_stop >= 2,
                f"--repetition-stop must be 0 (off) or >= 2 lines, got {self.repetition_stop}")
-        if self.uses_draft:
+        if self.uses_draft and self.thinking_budget > 0:  # no chain of thought: nothing to fork, no draft
             _check(
                 self.draft_at < self.thinking_budget,
                 f"--draft-at ({self.draft_at}) must be smaller than --thinking-budget "

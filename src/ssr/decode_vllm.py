@@ -4,22 +4,35 @@
                 biased out). At each stage budget b a draft child is submitted: prompt +
                 CoT[:b] + end marker + answer prefix, so its prompt is a prefix-cache hit on
                 the parent's blocks; it writes up to m tokens in vLLM's batch while the
-                parent streams on. A new stage aborts the previous child (its draft is kept).
+                parent streams on. A later stage is *bootstrapped*: the previous draft rides
+                in the new child's prompt, scored there (`prompt_logprobs`) under the longer
+                CoT; if a token is rejected the child restarts from the accepted prefix and
+                the token that replaces it (a prefix-cache hit).
   2. close    - the parent has ended: live children are aborted; the latest non-empty draft
                 is verified in one request over prompt + CoT + forced + draft with
                 `prompt_logprobs` (greedy: accepted while the draft token is the argmax; the
-                first mismatch's argmax, or the token after a fully accepted draft, is the bonus)
+                first mismatch's argmax, or the token after a fully accepted draft, is the bonus;
+                sampled: exact rejection sampling on top-k rows, verify.verify_sampled_rows)
   3. continue - one request continues from the accepted prefix (vLLM's own speculative
                 method, when the engine was started with one, speeds it up inside vLLM)
   4. finish   - every request still open is aborted, metrics closed
 `ar` is the same walk without children: the CoT request, then the answer request.
-Sampled requests decode plainly: exact rejection sampling needs the draft's and the
-target's full distributions, which vLLM's outputs do not carry (top-k logprobs only).
+
+Sampled requests: rejection sampling needs, at each drafted position, the draft's and the
+target's sampling distributions. vLLM returns raw top-k logprob rows (log-softmax before
+temperature, top-k, top-p): with top_k = k those rows hold every token the sampler may
+pick, so the distributions are computed exactly from them (verify.row_probs). The child
+returns its rows with its tokens (`logprobs=k`), the verify request the target's rows
+(`prompt_logprobs=k`); the engine must allow k (vLLM's max_logprobs, 20 by default; -1
+returns whole vocabularies, exact for any top_k, costly). Otherwise a sampled request
+decodes plainly and says why.
 """
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+import numpy as np
 
 from .config import ConfigError, GenerationConfig
 from .draft import Draft
@@ -29,6 +42,7 @@ from .metrics import Metrics, StageClock
 from .policy import CostModel, PolicyStats, fixed_plan, plan_request
 from .text import TextStream
 from .thinking import ThinkingFormat
+from .verify import verify_sampled_rows
 from .walk import Chunk, Walk
 
 VLLM_MODES = ("ar", "ssr", "ssr-prefix")  # continuation proposers live inside vLLM (--speculative-method)
@@ -41,6 +55,11 @@ class Child(Draft):
 
     request: Request | None = None  # while it runs
     cached_tokens: int = 0  # of its prompt, read from vLLM's prefix cache
+    context_ids: list[int] = field(default_factory=list)  # prompt + CoT[:b] + forced tokens
+    carried_ids: list[int] = field(default_factory=list)  # draft tokens in its prompt after the context
+    carried_rows: list[dict[int, float]] = field(default_factory=list)  # sampled: their rows, as drafted
+    checked: bool = True  # the carried tokens were scored under this child's CoT (or there are none)
+    rows: list[dict[int, float]] = field(default_factory=list)  # sampled: one top-k row per draft token
 
 
 class VllmGeneration(Walk):
@@ -55,10 +74,13 @@ class VllmGeneration(Walk):
         super().__init__(engine, fmt, config, prompt_ids, stats)
         self.banned_ids = sorted(banned_ids)
         self.plan = plan_request(config, costs or CostModel(), stats or PolicyStats())
-        if not config.sampling.greedy and self.plan.draft:
+        self.row_size = _row_size(config.sampling, getattr(engine, "max_logprobs", 20))
+        if not config.sampling.greedy and self.plan.draft and self.row_size is None:
             self.plan = fixed_plan(GenerationConfig(mode="ar", sampling=config.sampling))
-            self.plan.explain["reason"] = ("sampling on vLLM decodes plainly: exact verification needs full "
-                                           "distributions, vLLM returns top-k logprobs")
+            self.plan.explain["reason"] = (
+                f"sampling on vLLM decodes plainly here: exact verification needs top_k between 1 and the "
+                f"engine's max_logprobs ({getattr(engine, 'max_logprobs', 20)}), or full rows (--max-logprobs -1)")
+        self.rng = np.random.default_rng(config.sampling.seed)  # rejection sampling's coins
         self.metrics = Metrics(mode=config.mode, prompt_tokens=len(prompt_ids), policy=self.plan.as_dict())
         self._check_context()  # each child's request is shorter than the parent's answer request
 
@@ -140,7 +162,7 @@ class VllmGeneration(Walk):
         if draft is None or not self.config.verifies_draft_prefix:
             return
         draft_ids = draft.token_ids[: self.config.max_tokens]
-        accepted, bonus, cached = self._verify(self.prompt_ids + cot_ids + forced, draft_ids)
+        accepted, bonus, cached = self._verify(self.prompt_ids + cot_ids + forced, draft_ids, draft.rows)
         self.metrics.verify_passes += 1
         self.metrics.accepted_prefix_tokens = accepted
         self.metrics.engine["verify_cached_tokens"] = cached
@@ -149,8 +171,10 @@ class VllmGeneration(Walk):
                             "accepted": accepted})
         yield from self._commit(draft_ids[:accepted] + [bonus])
 
-    def _verify(self, context_ids: list[int], draft_ids: list[int]) -> tuple[int, int, int]:
-        """(num_accepted, bonus token, prefix-cache hits) of a greedy draft under context_ids.
+    def _verify(self, context_ids: list[int], draft_ids: list[int],
+                draft_rows: list[dict[int, float]]) -> tuple[int, int, int]:
+        """(num_accepted, next token, prefix-cache hits) of a draft under context_ids: greedy, the
+        argmax check; sampled, rejection sampling on top-k rows (next: recovered or bonus).
         vLLM computes prompt logprobs only past the tokens it read from the prefix cache
         (rows before hold no data): reading the cache is kept only while the hit ends before
         the draft (it can reach into it when an earlier request wrote the same answer)."""
@@ -161,18 +185,21 @@ class VllmGeneration(Walk):
             self.metrics.engine["verify_cache_reaches_draft"] = cached
             output = self._verify_request(context_ids + draft_ids, False)
         rows = output.prompt_logprobs  # [prompt tokens]: row i predicts token i from tokens < i
-        for position, draft_token in enumerate(draft_ids):
-            row = rows[len(context_ids) + position]
-            if not row:
-                raise EngineError(f"vLLM returned no prompt logprobs for draft position {position}")
-            best = _argmax(row)
-            if best != draft_token:
-                return position, best, cached
-        return len(draft_ids), output.outputs[0].token_ids[0], cached
+        target_rows = [rows[len(context_ids) + position] for position in range(len(draft_ids))]
+        if not all(target_rows):
+            raise EngineError("vLLM returned no prompt logprobs for a draft position")
+        bonus = output.outputs[0].token_ids[0]  # the target's own token after the whole draft
+        if self.config.sampling.greedy:
+            accepted, next_token = _greedy_verdict(draft_ids, target_rows, bonus)
+            return accepted, next_token, cached
+        verdict = verify_sampled_rows(draft_ids, draft_rows[: len(draft_ids)],
+                                      [self._top(row) for row in target_rows], bonus, self.config.sampling,
+                                      self.rng, approx=self.config.verify == "approx")
+        return verdict.num_accepted, verdict.next_token, cached
 
     def _verify_request(self, prompt_ids: list[int], reads_cache: bool):
         request = self._submit("verify", prompt_ids, self._params(
-            1, prompt_logprobs=1, skip_reading_prefix_cache=not reads_cache))
+            1, prompt_logprobs=self._row_request(), skip_reading_prefix_cache=not reads_cache))
         return request.result()
 
     def _continue(self, cot_ids: list[int]) -> Iterator[Chunk]:
@@ -195,27 +222,80 @@ class VllmGeneration(Walk):
     # -- children -------------------------------------------------------------------------
 
     def _fork_due(self, cot_ids: list[int], stages: list[int], drafts: list[Child], clock: StageClock) -> None:
-        """Fork when the CoT has reached the next stage budget."""
+        """Fork when the CoT has reached the next stage budget (and look at a bootstrapped child)."""
+        self._check(drafts[-1] if drafts else None)
         if stages and len(cot_ids) == stages[0]:
             stages.pop(0)
             self._fork(cot_ids, drafts, clock)
 
     def _fork(self, cot_ids: list[int], drafts: list[Child], clock: StageClock) -> None:
-        """A draft child from CoT[:b]: the previous one (if running) is aborted, its draft kept."""
-        if drafts:
-            self._finish_draft(drafts[-1], clock)
+        """A draft child from CoT[:b]. A previous child is stopped and its draft rides in the new
+        child's prompt (bootstrapping; `_check` scores it under the longer CoT)."""
+        previous = drafts[-1] if drafts else None
+        if previous is not None:
+            self._finish_draft(previous, clock)
         context = self.prompt_ids + cot_ids + self.forced_end_ids + self.answer_prefix_ids
-        draft = Child(seq=None, forked_at=len(cot_ids), started_s=clock.now())
-        draft.request = self._submit("draft", context, self._params(self.plan.draft_tokens, greedy=True))
+        draft = Child(seq=None, forked_at=len(cot_ids), started_s=clock.now(), context_ids=context)
+        if previous is not None and previous.token_ids and self.config.verifies_draft_prefix:
+            carried = _through_eos(previous.token_ids, self.engine.eos_ids)[: self.plan.draft_tokens]
+            draft.carried_ids, draft.carried_rows, draft.checked = carried, previous.rows[: len(carried)], False
+        self._submit_child(draft, score_carried=not draft.checked)
         drafts.append(draft)
+
+    def _submit_child(self, draft: Child, score_carried: bool) -> None:
+        extra = {"prompt_logprobs": self._row_request()} if score_carried else {}
+        if not self.config.sampling.greedy:
+            extra["logprobs"] = self.row_size  # its rows, for the verification
+        left = max(1, self.plan.draft_tokens - len(draft.carried_ids))
+        draft.request = self._submit("draft", draft.context_ids + draft.carried_ids,
+                                     self._params(left, child=True, **extra))
+
+    def _check(self, draft: Child | None) -> None:
+        """Once a bootstrapped child's first output is in: its carried tokens scored under its own
+        CoT. All accepted: it goes on. Else it restarts from the accepted prefix and the token
+        that replaces the first rejected one (a prefix-cache hit; nothing to score again)."""
+        if draft is None or draft.checked or draft.request is None or draft.request.latest is None:
+            return
+        output, start, carried = draft.request.latest, len(draft.context_ids), draft.carried_ids
+        draft.checked = True
+        rows = output.prompt_logprobs
+        if rows is None or (output.num_cached_tokens or 0) > start - 1 or not all(rows[start: start + len(carried)]):
+            accepted, next_token, own_rows = 0, None, []  # cache reached into the carried tokens: start afresh
+        else:
+            own_rows = [self._top(row) for row in rows[start: start + len(carried)]]  # [carried] q under this CoT
+            bonus = output.outputs[0].token_ids[0] if output.outputs[0].token_ids else None
+            if self.config.sampling.greedy:
+                accepted, next_token = _greedy_verdict(carried, rows[start: start + len(carried)], bonus)
+            else:
+                verdict = verify_sampled_rows(carried, draft.carried_rows, own_rows, bonus, self.config.sampling,
+                                              self.rng)
+                accepted, next_token = verdict.num_accepted, verdict.next_token
+        draft.bootstrapped = accepted
+        if accepted == len(carried):
+            draft.carried_rows = own_rows
+            return
+        draft.request.abort()
+        self.metrics.engine["child_restarts"] = self.metrics.engine.get("child_restarts", 0) + 1
+        draft.carried_ids = carried[:accepted] + ([] if next_token is None else [next_token])
+        draft.carried_rows = own_rows[: len(draft.carried_ids)]
+        self._submit_child(draft, score_carried=False)
 
     def _finish_draft(self, draft: Child, clock: StageClock) -> None:
         request = draft.request
         if request is None:
             return
         request.abort()
-        draft.token_ids = request.token_ids
-        draft.written = len(draft.token_ids)
+        self._check(draft)  # its first output may have come in since the last look
+        if draft.request is not request:  # restarted just now: nothing of it was decoded yet
+            draft.request.abort()
+            request = draft.request
+        written = request.token_ids
+        if draft.checked:  # else its carried tokens were never scored: the previous draft stays the usable one
+            draft.token_ids = _through_eos(draft.carried_ids + written, self.engine.eos_ids)[: self.plan.draft_tokens]
+            if not self.config.sampling.greedy:
+                generated = request.latest.outputs[0].logprobs if request.latest is not None else []
+                draft.rows = (draft.carried_rows + [self._top(row) for row in generated or []])[: len(draft.token_ids)]
+        draft.written = len(written)
         draft.seconds = clock.now() - draft.started_s
         draft.cached_tokens = (request.latest.num_cached_tokens or 0) if request.latest is not None else 0
         draft.request = None
@@ -228,20 +308,33 @@ class VllmGeneration(Walk):
         self._open.append(request)
         return request
 
-    def _params(self, max_tokens: int, greedy: bool = False, detokenize: bool = False, **extra):
+    def _params(self, max_tokens: int, child: bool = False, detokenize: bool = False, **extra):
         sampling = self.config.sampling
-        randomness = {"temperature": 0.0} if greedy or sampling.greedy else {
-            "temperature": sampling.temperature, "top_p": sampling.top_p, "top_k": sampling.top_k,
-            "seed": sampling.seed}
+        seed = sampling.seed + 7919 * (1 + len(self._open)) if child else sampling.seed  # a child's own coins
+        randomness = {"temperature": 0.0} if sampling.greedy else {
+            "temperature": sampling.temperature, "top_p": sampling.top_p, "top_k": sampling.top_k, "seed": seed}
         return self.engine.sampling_params(
             max_tokens=max(1, max_tokens), stop_token_ids=sorted(self.engine.eos_ids), detokenize=detokenize,
             include_stop_str_in_output=True, skip_special_tokens=False, **randomness, **extra)
 
+    def _row_request(self) -> int:
+        """Logprobs per row to ask vLLM for: greedy needs the argmax, sampling the top k (or all: -1)."""
+        return 1 if self.config.sampling.greedy else self.row_size
+
+    def _top(self, row: dict) -> dict[int, float]:
+        """A vLLM logprob row {token: Logprob} -> {token: raw logprob} of its top-k tokens only (vLLM
+        adds the sampled or prompt token when it ranks lower: the sampler could not pick it)."""
+        limit = self.row_size if self.row_size and self.row_size > 0 else len(row)
+        return {token: logprob.logprob for token, logprob in row.items() if logprob.rank <= limit}
+
     def _close_metrics(self, drafts: list[Child], used: Child | None) -> None:
         metrics = self.metrics
-        # a superseded child hands nothing on (no bootstrapping here): 0 accepted by the next stage
-        metrics.stages = [dict(draft.stage(metrics.accepted_prefix_tokens if draft is used else 0),
-                               cached_tokens=draft.cached_tokens, used=draft is used) for draft in drafts]
+        # a child's draft counts as accepted by what took it on: the next stage's bootstrapped
+        # prefix, or (the one verified) the parent's accepted prefix
+        handed = [nxt.bootstrapped for nxt in drafts[1:]] + [0]
+        metrics.stages = [dict(draft.stage(metrics.accepted_prefix_tokens if draft is used else handed[index]),
+                               cached_tokens=draft.cached_tokens, used=draft is used)
+                          for index, draft in enumerate(drafts)]
         metrics.draft_tokens = len(used.token_ids) if used else 0
         metrics.engine["requests"] = len(self._open)
 
@@ -249,6 +342,32 @@ class VllmGeneration(Walk):
 def _latest_usable(drafts: list[Child]) -> Child | None:
     """The latest draft that wrote anything (a child forked just before the end may not have)."""
     return next((draft for draft in reversed(drafts) if draft.token_ids), None)
+
+
+def _row_size(sampling, max_logprobs: int) -> int | None:
+    """Tokens per row that make sampled verification exact (see the module docstring): top_k when
+    vLLM may return that many, -1 (whole vocabularies) when it returns all, else None."""
+    if sampling.greedy:
+        return 1
+    if sampling.top_k > 0 and (max_logprobs == -1 or sampling.top_k <= max_logprobs):
+        return sampling.top_k
+    return -1 if max_logprobs == -1 else None
+
+
+def _greedy_verdict(draft_ids: list[int], rows: list[dict], bonus: int | None) -> tuple[int, int | None]:
+    """(tokens accepted while each is the row's argmax, the argmax at the first mismatch or the
+    bonus after a fully accepted draft)."""
+    for position, token in enumerate(draft_ids):
+        best = _argmax(rows[position])
+        if best != token:
+            return position, best
+    return len(draft_ids), bonus
+
+
+def _through_eos(token_ids: list[int], eos_ids) -> list[int]:
+    """Tokens up to and including the first end token."""
+    end = next((i for i, token in enumerate(token_ids) if token in eos_ids), None)
+    return list(token_ids) if end is None else list(token_ids[: end + 1])
 
 
 def _argmax(row: dict) -> int:

@@ -13,8 +13,10 @@ def target_probs(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
     """
     if params.greedy:
         raise ValueError("target_probs is for sampling; greedy decoding uses argmax")
-    scaled = np.asarray(logits, dtype=np.float64) / params.temperature
-    scaled = np.atleast_2d(scaled)  # [num_rows, vocab]
+    scaled = np.atleast_2d(np.asarray(logits, dtype=np.float64))  # [num_rows, vocab]
+    # shifted before dividing: no inf - inf for tiny temperatures (the max stays 0, the rest -inf)
+    with np.errstate(over="ignore"):
+        scaled = (scaled - scaled.max(axis=-1, keepdims=True)) / params.temperature
     vocab = scaled.shape[-1]
     if 0 < params.top_k < vocab:
         kth = np.partition(scaled, vocab - params.top_k, axis=-1)[:, vocab - params.top_k]

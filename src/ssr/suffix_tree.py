@@ -12,11 +12,42 @@ from collections.abc import Iterable, Sequence
 
 
 class _Node:
-    __slots__ = ("count", "children")
+    """A path of the trie. Most nodes have one child (a depth-limited trie of new text is
+    chains), so the first child is kept inline and a dict made only for the others: a node
+    costs ~70 bytes instead of ~290 with a dict each (the cache of earlier responses holds
+    ~depth nodes per token)."""
+
+    __slots__ = ("count", "token", "child", "more")
 
     def __init__(self) -> None:
         self.count = 0  # occurrences of this node's path in all sequences added
-        self.children: dict[int, _Node] = {}  # next token -> node of path + [token]
+        self.token = -1  # first child's token (-1: none)
+        self.child: _Node | None = None  # first child: the node of path + [token]
+        self.more: dict[int, _Node] | None = None  # the other children, by token
+
+    def get(self, token: int) -> _Node | None:
+        """The child for `token`, or None."""
+        if self.token == token:
+            return self.child
+        return self.more.get(token) if self.more is not None else None
+
+    def add(self, token: int) -> _Node:
+        """A new child for `token` (not a child yet)."""
+        node = _Node()
+        if self.child is None:
+            self.token, self.child = token, node
+        else:
+            if self.more is None:
+                self.more = {}
+            self.more[token] = node
+        return node
+
+    def children(self) -> list[tuple[int, _Node]]:
+        """(token, child) pairs, the first child first."""
+        if self.child is None:
+            return []
+        first = [(self.token, self.child)]
+        return first if self.more is None else first + list(self.more.items())
 
 
 class SuffixTree:
@@ -38,9 +69,9 @@ class SuffixTree:
         for token in token_ids:
             grown = [self.root]
             for node in active[: self.max_depth]:
-                child = node.children.get(token)
+                child = node.get(token)
                 if child is None:
-                    child = node.children[token] = _Node()
+                    child = node.add(token)
                 child.count += 1
                 grown.append(child)
             self.root.count += 1
@@ -50,7 +81,7 @@ class SuffixTree:
     def find(self, pattern: Sequence[int]) -> _Node | None:
         node = self.root
         for token in pattern:
-            node = node.children.get(token)
+            node = node.get(token)
             if node is None:
                 return None
         return node
@@ -64,7 +95,7 @@ class SuffixTree:
         context that is not itself in the tree (another request's tree, earlier responses)."""
         grown: list[_Node | None] = [self.root]
         for node in nodes[: self.max_depth]:
-            grown.append(node.children.get(token) if node is not None else None)
+            grown.append(node.get(token) if node is not None else None)
         while grown[-1] is None:
             grown.pop()
         return grown
@@ -120,18 +151,19 @@ class SuffixTree:
             node, depth = stack.pop()
             assert depth <= self.max_depth, f"node deeper than {self.max_depth}"
             assert node.count >= 1 or node is self.root, "empty node"
-            child_total = sum(child.count for child in node.children.values())
+            child_total = sum(child.count for _, child in node.children())
             # each occurrence of path+[t] is an occurrence of path followed by t
             assert child_total <= node.count, f"children count {child_total} > {node.count}"
-            stack.extend((child, depth + 1) for child in node.children.values())
+            assert len({token for token, _ in node.children()}) == len(node.children()), "a token twice"
+            stack.extend((child, depth + 1) for _, child in node.children())
 
 
 def _follow(node: _Node, limit: int, min_prob: float) -> tuple[list[int], list[float]]:
     span: list[int] = []
     probs: list[float] = []  # probs[i]: product of count(child)/count(node) up to span[i]
     prob = 1.0
-    while len(span) < limit and node.children:
-        token, child = max(node.children.items(), key=lambda item: (item[1].count, -item[0]))
+    while len(span) < limit and node.child is not None:
+        token, child = max(node.children(), key=lambda item: (item[1].count, -item[0]))
         prob *= child.count / node.count
         if prob < min_prob:
             break

@@ -76,3 +76,49 @@ def _check_rows(num_draft: int, target_rows: np.ndarray) -> None:
         raise ValueError(
             f"target needs {num_draft + 1} rows for {num_draft} draft tokens, got {target_rows.shape}"
         )
+
+
+def row_probs(row: dict[int, float], params) -> dict[int, float]:
+    """A logprob row that holds the top-k tokens of a distribution (raw log-softmax values, as
+    vLLM returns them) -> the sampling distribution `params` makes of it (temperature, top-p).
+
+    Exact when params.top_k equals the row's size (top-k keeps exactly these tokens) or the
+    row is the whole vocabulary; tokens outside the row have probability 0.
+    """
+    from dataclasses import replace
+
+    from .sampling import target_probs
+
+    tokens = list(row)
+    probs = target_probs(np.array([row[t] for t in tokens]), replace(params, top_k=0))  # [k]: already the top k
+    return dict(zip(tokens, probs.tolist()))
+
+
+def verify_sampled_rows(
+    draft_ids: list[int],
+    draft_rows: list[dict[int, float]],
+    target_rows: list[dict[int, float]],
+    bonus_token: int,
+    params,
+    rng: np.random.Generator,
+    approx: bool = False,
+) -> Verdict:
+    """`verify_sampled` on top-k rows instead of whole vocabularies (what vLLM returns).
+
+    draft_rows[i]: the draft's top-k at drafted position i (the distribution draft_ids[i] was
+    sampled from); target_rows[i]: the target's top-k at the same position; bonus_token: the
+    target's own sample after the whole draft. Rows become distributions by `row_probs`, on a
+    local vocabulary (every token that appears), so the verdict is exactly verify_sampled's.
+    """
+    local = sorted({*draft_ids, bonus_token, *(t for row in (*draft_rows, *target_rows) for t in row)})
+    index = {token: i for i, token in enumerate(local)}
+    draft = np.zeros((len(draft_ids), len(local)))  # [k, local vocab]
+    target = np.zeros((len(draft_ids) + 1, len(local)))  # [k + 1, local vocab]
+    for position, (draft_row, target_row) in enumerate(zip(draft_rows, target_rows, strict=True)):
+        for token, prob in row_probs(draft_row, params).items():
+            draft[position, index[token]] = prob
+        for token, prob in row_probs(target_row, params).items():
+            target[position, index[token]] = prob
+    target[len(draft_ids), index[bonus_token]] = 1.0  # the target sampled it itself
+    verdict = verify_sampled(np.array([index[t] for t in draft_ids], dtype=np.int64), draft, target, rng, approx)
+    return Verdict(verdict.num_accepted, local[verdict.next_token], verdict.recovered)

@@ -105,6 +105,7 @@ class FakeRequestsEngine:
     kind = "requests"
     verify_reads_cache = True
     enable_prefix_caching = True
+    max_logprobs = 20  # as vLLM's default
     vocab_size, eos_ids, chat_template, bos_text, eos_text = 128, frozenset({0}), None, "", "<eos>"
 
     def __init__(self, block_size: int = 4, context_size: int = 1 << 16, **fake_options) -> None:
@@ -126,8 +127,8 @@ class FakeRequestsEngine:
     def sampling_params(self, **options):
         from types import SimpleNamespace
 
-        return SimpleNamespace(**{"stop": None, "logit_bias": None, "prompt_logprobs": None, "seed": 0,
-                                  "skip_reading_prefix_cache": None, **options})
+        return SimpleNamespace(**{"stop": None, "logit_bias": None, "prompt_logprobs": None, "logprobs": None,
+                                  "seed": 0, "top_p": 1.0, "top_k": 0, "skip_reading_prefix_cache": None, **options})
 
     def open(self, request_id: str, prompt_ids: Sequence[int], params):
         from types import SimpleNamespace
@@ -140,18 +141,31 @@ class FakeRequestsEngine:
         skip = params.skip_reading_prefix_cache
         skip = params.prompt_logprobs is not None if skip is None else skip
         cached = 0 if skip else self._cached(tokens)
-        rows = self._prompt_rows(tokens, cached) if params.prompt_logprobs is not None else None
+        rows = self._prompt_rows(tokens, cached, params.prompt_logprobs) if params.prompt_logprobs is not None \
+            else None
         generated: list[int] = []
+        sample_rows: list | None = [] if params.logprobs is not None else None
         while len(generated) < params.max_tokens:
             logits = self.model._logits(tokens).astype(np.float64)  # [vocab]
+            raw = logits - np.log(np.exp(logits - logits.max()).sum()) - logits.max()  # log-softmax, before bias
             for token, bias in (params.logit_bias or {}).items():
                 logits[token] += bias
-            token = int(np.argmax(logits)) if params.temperature == 0 else \
-                int(rng.choice(len(logits), p=np.exp(logits - logits.max()) / np.exp(logits - logits.max()).sum()))
+            if params.temperature == 0:
+                token = int(np.argmax(logits))
+            else:  # vLLM's sampler: temperature, top-k, top-p (ssr.sampling does the same)
+                from ..config import SamplingParams
+                from ..sampling import target_probs
+
+                probs = target_probs(logits, SamplingParams(params.temperature, params.top_p, params.top_k))
+                token = int(rng.choice(len(probs), p=probs))
+            if sample_rows is not None:
+                sample_rows.append(_top_row(raw, params.logprobs, token))
             tokens.append(token)
             generated.append(token)
             text = bytes(t for t in generated if t).decode("ascii", "replace")
-            output = SimpleNamespace(outputs=[SimpleNamespace(token_ids=list(generated), finish_reason=None)],
+            output = SimpleNamespace(outputs=[SimpleNamespace(token_ids=list(generated), finish_reason=None,
+                                                              logprobs=None if sample_rows is None else
+                                                              list(sample_rows))],
                                      prompt_logprobs=rows, num_cached_tokens=cached, finished=False)
             request.latest = output
             request.outputs.put(output)
@@ -181,8 +195,8 @@ class FakeRequestsEngine:
         for end in range(self.block_size, len(tokens) + 1, self.block_size):
             self.cached.add(tuple(tokens[:end]))
 
-    def _prompt_rows(self, tokens: list[int], cached: int) -> list:
-        """Row i: {argmax: rank 1, token i: its rank}; rows up to the cache hit are junk."""
+    def _prompt_rows(self, tokens: list[int], cached: int, size: int) -> list:
+        """Row i: the top `size` raw logprobs and token i's (-1: all); rows up to the cache hit are junk."""
         from types import SimpleNamespace
 
         rows: list = [None]
@@ -190,9 +204,19 @@ class FakeRequestsEngine:
             if position <= cached:
                 rows.append({(position * 7) % 128: SimpleNamespace(rank=1, logprob=0.0)})  # not computed
                 continue
-            logits = self.model._logits(tokens[:position])
-            order = np.argsort(-logits, kind="stable")
-            rank = {int(token): index + 1 for index, token in enumerate(order)}
-            rows.append({int(order[0]): SimpleNamespace(rank=1, logprob=0.0),
-                         tokens[position]: SimpleNamespace(rank=rank[tokens[position]], logprob=0.0)})
+            logits = self.model._logits(tokens[:position]).astype(np.float64)
+            raw = logits - np.log(np.exp(logits - logits.max()).sum()) - logits.max()
+            rows.append(_top_row(raw, size, tokens[position]))
         return rows
+
+
+def _top_row(raw: np.ndarray, size: int, token: int) -> dict:
+    """{token: Logprob-like} for the top `size` tokens (-1: all) plus `token`, as vLLM returns rows."""
+    from types import SimpleNamespace
+
+    order = np.argsort(-raw, kind="stable")
+    rank = {int(t): index + 1 for index, t in enumerate(order)}
+    keep = order if size == -1 else order[: max(size, 1)]
+    row = {int(t): SimpleNamespace(rank=rank[int(t)], logprob=float(raw[t])) for t in keep}
+    row.setdefault(int(token), SimpleNamespace(rank=rank[int(token)], logprob=float(raw[token])))
+    return row

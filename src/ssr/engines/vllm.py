@@ -15,6 +15,7 @@ are vLLM's: their options pass through.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
 import queue
 import sys
@@ -76,7 +77,7 @@ class VllmEngine:
                  gpu_memory_utilization: float | None = None, enable_prefix_caching: bool = True,
                  distributed_executor_backend: str | None = None, dtype: str | None = None,
                  speculative_method: str | None = None, num_speculative_tokens: int | None = None,
-                 verify_reads_cache: bool = True, verbose: bool = False) -> None:
+                 verify_reads_cache: bool = True, max_logprobs: int = 20, verbose: bool = False) -> None:
         if threads is not None:
             raise EngineError("--threads is not an option of --engine vllm (vLLM sets its own; on CPUs "
                               "VLLM_CPU_OMP_THREADS_BIND chooses the cores)")
@@ -94,6 +95,7 @@ class VllmEngine:
         self.speculative_method = speculative_method  # vLLM's own speculation for the answer, if any
         self.verify_reads_cache = verify_reads_cache  # prompt_logprobs requests read the prefix cache
         self.enable_prefix_caching = enable_prefix_caching
+        self.max_logprobs = max_logprobs  # logprobs per row vLLM may return (-1: the whole vocabulary)
         speculative = None
         if speculative_method:
             speculative = {"method": speculative_method}
@@ -104,7 +106,7 @@ class VllmEngine:
             pipeline_parallel_size=pipeline_parallel_size, gpu_memory_utilization=gpu_memory_utilization,
             enable_prefix_caching=enable_prefix_caching, distributed_executor_backend=distributed_executor_backend,
             dtype=dtype or ("float32" if self.on_cpu else "auto"), speculative_config=speculative,
-            disable_log_stats=True)
+            max_logprobs=max_logprobs, disable_log_stats=True)
         self._loop = asyncio.new_event_loop()
         threading.Thread(target=self._loop.run_forever, name="ssr-vllm-loop", daemon=True).start()
         try:
@@ -122,7 +124,7 @@ class VllmEngine:
         self.chat_template, self.bos_text, self.eos_text = self.text.chat_template, self.text.bos_text, self.text.eos_text
         self.add_bos, self.eos_ids = self.text.add_bos, self.text.eos_ids
         self.max_sequences = 1 << 16  # requests, not KV slots: vLLM queues what does not fit
-        self._next_id = 0
+        self._ids = itertools.count(1)
 
     # -- text -------------------------------------------------------------------------------
 
@@ -135,8 +137,7 @@ class VllmEngine:
     # -- requests ---------------------------------------------------------------------------
 
     def new_id(self, role: str) -> str:
-        self._next_id += 1
-        return f"ssr-{self._next_id}-{role}"
+        return f"ssr-{next(self._ids)}-{role}"  # itertools.count: atomic under the GIL (threads share it)
 
     def sampling_params(self, **options):
         from vllm import SamplingParams

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 import json
 import time
 
@@ -15,6 +16,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
 
 from ..config import GenerationConfig
 from .protocol import (ApiError, ParsedRequest, chat_chunk, completion_chunk, final_response, parse_body,
@@ -22,10 +24,15 @@ from .protocol import (ApiError, ParsedRequest, chat_chunk, completion_chunk, fi
 from .scheduler import Job, Scheduler, Stats
 
 DISCONNECT_POLL_S = 0.5  # how often a waiting non-streaming handler checks its client
+MAX_BODY_BYTES = 8 << 20  # a request body larger than this gets 413
+BODY_TIMEOUT_S = 30.0  # a body that has not fully arrived by then gets 408 (slow or stalled uploads)
+OPEN_PATHS = ("/health",)  # answered without an API key
 
 
 def create_app(model, served_name: str, max_queue: int = 16, timeout_s: float = 600.0,
-               defaults: GenerationConfig | None = None, aliases: tuple[str, ...] = ()):
+               defaults: GenerationConfig | None = None, aliases: tuple[str, ...] = (),
+               api_key: str | None = None, max_body_bytes: int = MAX_BODY_BYTES,
+               body_timeout_s: float = BODY_TIMEOUT_S):
     defaults = defaults or GenerationConfig()
     served = {served_name, *aliases}
     stats = Stats()
@@ -42,13 +49,17 @@ def create_app(model, served_name: str, max_queue: int = 16, timeout_s: float = 
 
     app = FastAPI(title="ssr", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
     app.state.scheduler = scheduler
+    app.state.engine = model.engine
+    app.add_middleware(Gate, scheduler=scheduler, api_key=api_key)
 
     _install_error_handlers(app)
 
     @app.get("/health")
     async def health():
-        return {"status": "ok", "model": served_name, "running": int(scheduler.running is not None),
-                "waiting": scheduler.waiting}
+        state = {"model": served_name, "running": int(scheduler.running is not None), "waiting": scheduler.waiting}
+        if scheduler.draining:  # a load balancer stops sending here
+            return JSONResponse({"status": "draining", **state}, status_code=503)
+        return {"status": "ok", **state}
 
     @app.get("/v1/models")
     async def models():
@@ -60,7 +71,8 @@ def create_app(model, served_name: str, max_queue: int = 16, timeout_s: float = 
         return PlainTextResponse(prometheus(stats, scheduler, model.engine))
 
     async def handle(request: Request, kind: str):
-        parsed = parse_request(parse_body(await request.body()), kind, served, defaults)
+        raw = await read_body(request, max_body_bytes, body_timeout_s)
+        parsed = parse_request(parse_body(raw), kind, served, defaults)
         job = scheduler.submit(parsed)
         first = await _next_event(job, request)
         if first is None:
@@ -94,6 +106,63 @@ def create_app(model, served_name: str, max_queue: int = 16, timeout_s: float = 
         return await handle(request, "completion")
 
     return app
+
+
+class Gate:
+    """ASGI middleware in front of every route: the API key (401 without it, but on /health)
+    and shutdown (503 for new requests while the server drains)."""
+
+    def __init__(self, app, scheduler: Scheduler, api_key: str | None) -> None:
+        self.app, self.scheduler = app, scheduler
+        self.expected = f"Bearer {api_key}".encode() if api_key else None  # the whole header value
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or scope["path"] in OPEN_PATHS:
+            return await self.app(scope, receive, send)
+        if self.expected is not None:
+            given = dict(scope["headers"]).get(b"authorization", b"")
+            if not hmac.compare_digest(given, self.expected):
+                error = ApiError(401, "a valid API key is required: send the header Authorization: Bearer <key>",
+                                 kind="authentication_error", code="invalid_api_key")
+                return await _send_json(send, 401, error.body(), [(b"www-authenticate", b"Bearer")])
+        if self.scheduler.draining and scope["path"] != "/metrics":
+            error = ApiError(503, "the server is shutting down; retry on another replica or later",
+                             kind="service_unavailable", code="shutting_down")
+            return await _send_json(send, 503, error.body(), [(b"retry-after", b"5")])
+        return await self.app(scope, receive, send)
+
+
+async def _send_json(send, status: int, body: dict, headers: list[tuple[bytes, bytes]]) -> None:
+    payload = json.dumps(body).encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode()),
+                            *headers]})
+    await send({"type": "http.response.body", "body": payload})
+
+
+async def read_body(request: Request, limit: int, timeout_s: float) -> bytes:
+    """The whole body, or ApiError: 413 past `limit` bytes, 408 if it has not arrived within
+    `timeout_s`, 400 if the client hung up half-way."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise ApiError(413, f"the body is {int(declared)} bytes; the limit is {limit}", code="body_too_large")
+    chunks, size = [], 0
+
+    async def collect() -> None:
+        nonlocal size
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise ApiError(413, f"the body is over the limit of {limit} bytes", code="body_too_large")
+            chunks.append(chunk)
+
+    try:
+        await asyncio.wait_for(collect(), timeout_s)
+    except asyncio.TimeoutError as error:
+        raise ApiError(408, f"the body did not arrive within {timeout_s:g} s", kind="timeout_error") from error
+    except ClientDisconnect as error:
+        raise ApiError(400, "the client closed the connection before the whole body arrived") from error
+    return b"".join(chunks)
 
 
 def _install_error_handlers(app: FastAPI) -> None:
@@ -217,3 +286,53 @@ def prometheus(stats: Stats, scheduler: Scheduler, engine) -> str:
 def _live(engine) -> int:
     counter = getattr(engine, "live_sequences", None)
     return counter() if counter else -1
+
+
+def serve(app, host: str, port: int, grace_s: float, log=print) -> None:
+    """Run the app under uvicorn with a graceful shutdown: on SIGTERM or SIGINT new requests
+    get 503 while running and queued ones finish within `grace_s` s (then they are cancelled
+    with a 503 error), every sequence is released, and the process exits normally (status 0).
+    A second signal stops at once."""
+    import signal
+    import threading
+
+    import uvicorn
+
+    scheduler: Scheduler = app.state.scheduler
+
+    class DrainingServer(uvicorn.Server):
+        def capture_signals(self):  # ours instead of uvicorn's, which re-raises the signal on exit
+            return _handled(self.on_signal, (signal.SIGINT, signal.SIGTERM))
+
+        def on_signal(self, sig, frame) -> None:
+            if scheduler.draining:  # a second signal: stop now
+                self.should_exit = self.force_exit = True
+                return
+            log(f"ssr: {signal.Signals(sig).name}: draining ({int(scheduler.running is not None)} running, "
+                f"{scheduler.waiting} waiting; up to {grace_s:g} s), new requests get 503")
+            threading.Thread(target=self.drain, name="ssr-drain", daemon=True).start()
+
+        def drain(self) -> None:
+            outcome = scheduler.drain(grace_s)
+            log(f"ssr: drained: {outcome['finished']} finished, {outcome['cancelled']} cancelled, "
+                f"live sequences {_live(getattr(app.state, 'engine', None))}; exiting")
+            self.should_exit = True
+
+    config = uvicorn.Config(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=10)
+    DrainingServer(config).run()
+
+
+@contextlib.contextmanager
+def _handled(handler, signals):
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {sig: signal.signal(sig, handler) for sig in signals}
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)

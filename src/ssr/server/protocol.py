@@ -1,8 +1,9 @@
 """OpenAI-compatible request parsing and response shapes, free of any web framework.
 
-Malformed bodies (not JSON, not an object, a required field missing, a field of the
-wrong type) raise `ApiError` 422; well-formed bodies with invalid values raise 400;
-an unknown model 404. SSR's own options ride in the body as `"ssr": {...}`.
+Malformed bodies (not JSON, NaN/Infinity, not an object, a required field missing, a
+field of the wrong type) raise `ApiError` 422; well-formed bodies with invalid values or
+features ssr does not offer (tools, logit_bias, logprobs, penalties) raise 400; an unknown
+model 404. SSR's own options ride in the body as `"ssr": {...}`.
 """
 from __future__ import annotations
 
@@ -15,7 +16,26 @@ from typing import Any
 
 from ..config import MODES, ConfigError, GenerationConfig, SamplingParams
 
-ROLES = ("system", "user", "assistant")
+ROLES = ("system", "developer", "user", "assistant")  # developer: OpenAI's newer name for system
+# reasoning_effort -> thinking budget, as a multiple of the server's default (medium: the default)
+EFFORT = {"none": 0.0, "minimal": 0.125, "low": 0.25, "medium": 1.0, "high": 2.0}
+# fields ssr does not act on: refused (400) unless they ask for nothing (the value a client sends by default)
+UNSUPPORTED = {
+    "tools": ("tools (function calling) are not supported", lambda v: v in (None, [])),
+    "functions": ("functions (function calling) are not supported", lambda v: v in (None, [])),
+    "tool_choice": ("tool_choice is not supported: no tools", lambda v: v in (None, "none", "auto")),
+    "function_call": ("function_call is not supported: no tools", lambda v: v in (None, "none", "auto")),
+    "logit_bias": ("logit_bias is not supported: ssr answers exactly what the model would", lambda v: v in (None, {})),
+    "logprobs": ("logprobs are not returned by ssr", lambda v: v in (None, False, 0)),
+    "top_logprobs": ("logprobs are not returned by ssr", lambda v: v in (None, 0)),
+    "frequency_penalty": ("frequency_penalty is not supported", lambda v: v in (None, 0, 0.0)),
+    "presence_penalty": ("presence_penalty is not supported", lambda v: v in (None, 0, 0.0)),
+    "response_format": ("response_format: only text", lambda v: v in (None, {"type": "text"})),
+    "modalities": ("modalities: only text", lambda v: v in (None, ["text"])),
+    "echo": ("echo is not supported", lambda v: v in (None, False)),
+    "best_of": ("best_of must be 1", lambda v: v in (None, 1)),
+    "suffix": ("suffix (insertion) is not supported", lambda v: v in (None, "")),
+}
 SSR_OPTIONS = {"mode": str, "thinking_budget": int, "draft_at": int, "draft_tokens": int, "verify": str,
                "verify_chunk": int, "template": str, "draft_interval": int, "policy": str}
 
@@ -49,10 +69,16 @@ def field_message(error: ConfigError) -> str:
     return re.sub(r"--([a-z-]+)", lambda m: m[1].replace("-", "_"), str(error))
 
 
+def _not_json(constant: str):
+    raise ValueError(f"{constant} is not JSON")
+
+
 def parse_body(raw: bytes) -> dict:
     try:
-        body = json.loads(raw or b"")
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        body = json.loads(raw or b"", parse_constant=_not_json)
+    except RecursionError as error:
+        raise ApiError(422, "the body is not valid JSON: nested too deeply") from error
+    except (ValueError, UnicodeDecodeError) as error:  # JSONDecodeError is a ValueError
         raise ApiError(422, f"the body is not valid JSON: {error}") from error
     if not isinstance(body, dict):
         raise ApiError(422, "the body must be a JSON object")
@@ -81,6 +107,9 @@ def _messages(body: dict) -> list[dict[str, str]]:
         where = f"messages[{index}]"
         if not isinstance(message, dict) or "role" not in message or "content" not in message:
             raise ApiError(422, f"{where} must be an object with role and content", param=where)
+        if message["role"] in ("tool", "function"):
+            raise ApiError(400, f"{where}: tool results are not supported (ssr serves no tools)",
+                           param=f"{where}.role")
         if message["role"] not in ROLES:
             raise ApiError(400, f"{where}.role must be one of {', '.join(ROLES)}", param=f"{where}.role")
         content = message["content"]
@@ -91,7 +120,8 @@ def _messages(body: dict) -> list[dict[str, str]]:
             content = "".join(p["text"] for p in content)
         if not isinstance(content, str):
             raise ApiError(422, f"{where}.content must be a string or a list of text parts", param=f"{where}.content")
-        out.append({"role": message["role"], "content": content})
+        role = "system" if message["role"] == "developer" else message["role"]
+        out.append({"role": role, "content": content})
     if not any(m["role"] == "user" and m["content"].strip() for m in out):
         raise ApiError(400, "messages need a user message with text", param="messages")
     return out
@@ -125,18 +155,57 @@ def parse_request(body: dict, kind: str, served: set[str], defaults: GenerationC
             raise ApiError(422, "prompt is required (a string)", param="prompt")
         if not prompt.strip():
             raise ApiError(400, "prompt is empty", param="prompt")
+    _refuse_unsupported(body)
+    _typed(body, "user", str)
+    metadata = _typed(body, "metadata", dict, {})
+    if not all(isinstance(value, str) for value in metadata.values()):
+        raise ApiError(422, "metadata values must be strings", param="metadata")
     n = _typed(body, "n", int, 1)
     if n != 1:
         raise ApiError(400, "n must be 1", param="n")
-    max_tokens = _typed(body, "max_completion_tokens", int)
-    if max_tokens is None:
-        max_tokens = _typed(body, "max_tokens", int, defaults.max_tokens)
     options = _typed(body, "ssr", dict, {})
     for name, value in options.items():
         if name not in SSR_OPTIONS:
             raise ApiError(400, f"ssr.{name} is not an option; use {', '.join(SSR_OPTIONS)}", param=f"ssr.{name}")
         _typed(options, name, SSR_OPTIONS[name], where="ssr.")
+    if options.get("mode") is not None and options["mode"] not in MODES:
+        raise ApiError(400, f"ssr.mode must be one of {', '.join(MODES)}", param="ssr.mode")
     stream_options = _typed(body, "stream_options", dict, {})
+    return ParsedRequest(
+        kind=kind, prompt=prompt, config=_generation_config(body, options, defaults),
+        template=options.get("template"), stream=bool(_typed(body, "stream", bool, False)),
+        include_usage=bool(_typed(stream_options, "include_usage", bool, False)), stop=_stop(body),
+    )
+
+
+def _refuse_unsupported(body: dict) -> None:
+    for name, (message, harmless) in UNSUPPORTED.items():
+        value = body.get(name)
+        try:
+            fine = harmless(value)
+        except TypeError:  # an unhashable or odd value: not the harmless default
+            fine = False
+        if not fine:
+            raise ApiError(400, message, param=name)
+
+
+def _generation_config(body: dict, options: dict, defaults: GenerationConfig) -> GenerationConfig:
+    """The request's config: its own fields over the server's defaults. A default never
+    contradicts what the client set: a thinking budget at or below the default fork point
+    moves the fork point to half the budget (and a budget of 0 forks nothing)."""
+    max_tokens = _typed(body, "max_completion_tokens", int)
+    if max_tokens is None:
+        max_tokens = _typed(body, "max_tokens", int, defaults.max_tokens)
+    effort = _typed(body, "reasoning_effort", str)
+    if effort is not None and effort not in EFFORT:
+        raise ApiError(400, f"reasoning_effort must be one of {', '.join(EFFORT)}", param="reasoning_effort")
+    budget = options.get("thinking_budget")
+    if budget is None:
+        budget = defaults.thinking_budget if effort is None else round(defaults.thinking_budget * EFFORT[effort])
+    draft_at = options.get("draft_at")
+    if draft_at is None:
+        draft_at = defaults.draft_at if defaults.draft_at < budget else max(0, budget // 2)
+    mode = options.get("mode", defaults.mode)
     try:
         sampling = SamplingParams(
             temperature=float(_typed(body, "temperature", (int, float), 0.0)),
@@ -144,25 +213,20 @@ def parse_request(body: dict, kind: str, served: set[str], defaults: GenerationC
             top_k=_typed(body, "top_k", int, 0),
             seed=_typed(body, "seed", int, 0),
         )
-        config = GenerationConfig(
-            mode=options.get("mode", defaults.mode), sampling=sampling, max_tokens=max_tokens,
-            thinking_budget=options.get("thinking_budget", defaults.thinking_budget),
-            draft_at=options.get("draft_at", defaults.draft_at),
+        return GenerationConfig(
+            mode=mode, sampling=sampling, max_tokens=max_tokens, thinking_budget=budget, draft_at=draft_at,
             draft_tokens=options.get("draft_tokens", defaults.draft_tokens),
             verify=options.get("verify", defaults.verify),
             verify_chunk=options.get("verify_chunk", defaults.verify_chunk),
             draft_interval=options.get("draft_interval", defaults.draft_interval),
             policy=options.get("policy", defaults.policy),
+            suffix=defaults.suffix, adaptive_spans=defaults.adaptive_spans,
+            repetition_stop=defaults.repetition_stop,
         )
     except ConfigError as error:  # the CLI's messages name flags; here they name fields
         raise ApiError(400, field_message(error)) from error
-    if options.get("mode") is not None and options["mode"] not in MODES:
-        raise ApiError(400, f"ssr.mode must be one of {', '.join(MODES)}", param="ssr.mode")
-    return ParsedRequest(
-        kind=kind, prompt=prompt, config=config, template=options.get("template"),
-        stream=bool(_typed(body, "stream", bool, False)),
-        include_usage=bool(_typed(stream_options, "include_usage", bool, False)), stop=_stop(body),
-    )
+    except OverflowError as error:  # a number too large for a float
+        raise ApiError(400, f"a number is out of range: {error}") from error
 
 
 # -- responses ------------------------------------------------------------------------------

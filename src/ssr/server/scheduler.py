@@ -27,7 +27,8 @@ class Job:
     loop: asyncio.AbstractEventLoop  # the event loop that reads `events`
     deadline: float  # time.monotonic() after which the job is stopped
     events: asyncio.Queue = field(default_factory=asyncio.Queue)  # (kind, payload) tuples
-    cancelled: threading.Event = field(default_factory=threading.Event)
+    cancelled: threading.Event = field(default_factory=threading.Event)  # the client left, or shutdown
+    shutdown: bool = False  # cancelled by a shutdown whose grace ran out: the client still waits for an answer
 
     def emit(self, kind: str, payload) -> None:
         self.loop.call_soon_threadsafe(self.events.put_nowait, (kind, payload))
@@ -68,6 +69,7 @@ class Scheduler:
         self._waiting: collections.deque[Job] = collections.deque()
         self._wake = threading.Condition()
         self.running: Job | None = None
+        self.draining = False  # shutting down: new requests are refused (503)
         self._stopping = False
         self._thread = threading.Thread(target=self._loop, name="ssr-engine", daemon=True)
         self._thread.start()
@@ -79,6 +81,8 @@ class Scheduler:
     def submit(self, request: ParsedRequest) -> Job:
         job = Job(request, asyncio.get_running_loop(), time.monotonic() + self.timeout_s)
         with self._wake:
+            if self.draining:
+                raise ApiError(503, "the server is shutting down", kind="service_unavailable", code="shutting_down")
             if len(self._waiting) >= self.max_queue:
                 self.stats.add(rejected=1)
                 raise ApiError(429, f"the server is busy: {self.max_queue} requests already wait; retry later",
@@ -86,6 +90,25 @@ class Scheduler:
             self._waiting.append(job)
             self._wake.notify()
         return job
+
+    def drain(self, grace_s: float, poll_s: float = 0.05) -> dict[str, int]:
+        """Refuse new requests; let the running and waiting ones finish within `grace_s`, then
+        cancel the rest (their clients get a 503 error; sequences are released as on any
+        cancel). Returns how many finished and how many were cancelled."""
+        with self._wake:
+            self.draining = True
+            pending = len(self._waiting) + (self.running is not None)
+        deadline = time.monotonic() + grace_s
+        while (self._waiting or self.running is not None) and time.monotonic() < deadline:
+            time.sleep(poll_s)
+        with self._wake:
+            left = list(self._waiting) + ([self.running] if self.running is not None else [])
+            for job in left:
+                job.shutdown = True
+                job.cancelled.set()
+        while (self._waiting or self.running is not None) and time.monotonic() < deadline + 30:
+            time.sleep(poll_s)  # the worker stops the running job at its next chunk
+        return {"finished": pending - len(left), "cancelled": len(left)}
 
     def stop(self) -> None:
         with self._wake:
@@ -114,6 +137,8 @@ class Scheduler:
     def _run(self, job: Job) -> None:
         if job.cancelled.is_set():
             self.stats.add(cancelled=1)
+            if job.shutdown:
+                job.emit("error", _shutdown_error())
             return
         if time.monotonic() > job.deadline:
             self.stats.add(timed_out=1)
@@ -162,8 +187,15 @@ class Scheduler:
         if finish == "timeout":
             job.emit("error", ApiError(504, f"the request ran past the {self.timeout_s:g} s time-out",
                                        kind="timeout_error"))
+        elif finish == "cancelled" and job.shutdown:
+            job.emit("error", _shutdown_error())
         elif finish not in ("cancelled", "error"):
             job.emit("done", {"finish_reason": finish, "metrics": metrics})
+
+
+def _shutdown_error() -> ApiError:
+    return ApiError(503, "the server shut down before this request finished; retry", kind="service_unavailable",
+                    code="shutting_down")
 
 
 class _StopFilter:
