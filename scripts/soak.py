@@ -66,11 +66,13 @@ class Soak:
             headers["Authorization"] = f"Bearer {self.api_key}"
         return headers
 
+    modes: tuple[str, ...] = ("ssr", "ssr", "ar", "suffix")  # drawn per request
+
     def body(self, rng: random.Random, stream: bool) -> bytes:
         return json.dumps({
             "model": self.model, "stream": stream, "max_tokens": rng.randint(16, 160),
             "messages": [{"role": "user", "content": rng.choice(PROMPTS)}],
-            "ssr": {"thinking_budget": rng.randint(32, 160), "mode": rng.choice(["ssr", "ssr", "ar", "suffix"])},
+            "ssr": {"thinking_budget": rng.randint(32, 160), "mode": rng.choice(self.modes)},
         }).encode()
 
     def one(self, rng: random.Random) -> Outcome:
@@ -211,6 +213,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", default=None, help="the model id to request (default: the server's)")
     parser.add_argument("--api-key", default=None)
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds before a request counts as hung")
+    parser.add_argument("--modes", default="ssr,ssr,ar,suffix",
+                        help="ssr modes drawn per request (--engine vllm runs ar, ssr, ssr-prefix: use ssr,ar)")
     parser.add_argument("--out", default=None, help="write the report as JSON here")
     args = parser.parse_args(argv[: argv.index("--")] if "--" in argv else argv)
     proc = None
@@ -226,6 +230,7 @@ def main(argv: list[str] | None = None) -> int:
     connection.request("GET", "/v1/models", headers={"Authorization": f"Bearer {args.api_key}"} if args.api_key else {})
     model = args.model or json.loads(connection.getresponse().read())["data"][0]["id"]
     soak = Soak(args.url, model, args.api_key, args.timeout)
+    soak.modes = tuple(args.modes.split(","))
     started = time.monotonic()
     until = started + args.minutes * 60
     threads = [threading.Thread(target=soak.client, args=(seed, until), daemon=True) for seed in range(args.clients)]

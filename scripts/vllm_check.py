@@ -73,7 +73,7 @@ def main() -> int:
     from ssr.bench.suites import load_suite
 
     try:
-        items = load_suite("classeval", limit=args.items)
+        items = load_suite("classeval", limit=args.items) if args.items > 0 else []
     except Exception as error:  # noqa: BLE001 - the dataset may not be on this machine
         print(f"   skipped: {error}")
         items = []

@@ -29,8 +29,8 @@ def _get(url: str) -> str:
         return reply.read().decode()
 
 
-def serve(arguments: list[str], start_s: float = 180):
-    """A real `ssr serve` process on a free port: yields its base URL, then stops it."""
+def start(arguments: list[str], start_s: float = 180) -> tuple[subprocess.Popen, str]:
+    """A real `ssr serve` process on a free port, answering /health: (process, base URL)."""
     port = _free_port()
     proc = subprocess.Popen([sys.executable, "-m", "ssr.cli", "serve", "--port", str(port), *arguments],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -44,6 +44,12 @@ def serve(arguments: list[str], start_s: float = 180):
             time.sleep(0.5)
         if proc.poll() is not None:
             pytest.fail(f"server exited: {proc.stdout.read()}")
+    return proc, base
+
+
+def serve(arguments: list[str], start_s: float = 180):
+    """A real `ssr serve` process: yields its base URL, then stops it."""
+    proc, base = start(arguments, start_s)
     yield base
     proc.terminate()
     proc.wait(timeout=60)
@@ -157,21 +163,9 @@ def test_api_key_and_graceful_shutdown_on_sigterm():
     import signal
     import urllib.error
 
-    port = _free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "ssr.cli", "serve", "--port", str(port), "--model", MODEL,
-                             "--api-key", "k3y", "--shutdown-grace", "120", "--thinking-budget", "48",
-                             "--draft-at", "8", "--max-tokens", "48"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    base = f"http://127.0.0.1:{port}"
+    proc, base = start(["--model", MODEL, "--api-key", "k3y", "--shutdown-grace", "120", "--thinking-budget", "48",
+                        "--draft-at", "8", "--max-tokens", "48"])
     try:
-        deadline = time.time() + 180
-        while time.time() < deadline:
-            try:
-                if '"ok"' in _get(base + "/health"):
-                    break
-            except OSError:
-                time.sleep(0.5)
-            assert proc.poll() is None, proc.stdout.read()
         with pytest.raises(urllib.error.HTTPError) as refused:
             _get(base + "/v1/models")
         assert refused.value.code == 401
