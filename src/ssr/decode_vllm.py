@@ -250,12 +250,14 @@ class VllmGeneration(Walk):
         draft.request = self._submit("draft", draft.context_ids + draft.carried_ids,
                                      self._params(left, child=True, **extra))
 
-    def _check(self, draft: Child | None) -> None:
+    def _check(self, draft: Child | None, restart: bool = True) -> bool:
         """Once a bootstrapped child's first output is in: its carried tokens scored under its own
-        CoT. All accepted: it goes on. Else it restarts from the accepted prefix and the token
-        that replaces the first rejected one (a prefix-cache hit; nothing to score again)."""
+        CoT. All accepted: it goes on. Else its carried tokens become the accepted prefix and the
+        token that replaces the first rejected one, and (restart) it starts again from them (a
+        prefix-cache hit; nothing to score again). Returns whether the tokens its request wrote
+        still follow its carried ones."""
         if draft is None or draft.checked or draft.request is None or draft.request.latest is None:
-            return
+            return True
         output, start, carried = draft.request.latest, len(draft.context_ids), draft.carried_ids
         draft.checked = True
         rows = output.prompt_logprobs
@@ -264,7 +266,9 @@ class VllmGeneration(Walk):
         else:
             own_rows = [self._top(row) for row in rows[start: start + len(carried)]]  # [carried] q under this CoT
             bonus = output.outputs[0].token_ids[0] if output.outputs[0].token_ids else None
-            if self.config.sampling.greedy:
+            if bonus is None and not self.config.sampling.greedy:
+                accepted, next_token = 0, None  # (an output without a token: never seen) start afresh
+            elif self.config.sampling.greedy:
                 accepted, next_token = _greedy_verdict(carried, rows[start: start + len(carried)], bonus)
             else:
                 verdict = verify_sampled_rows(carried, draft.carried_rows, own_rows, bonus, self.config.sampling,
@@ -273,23 +277,22 @@ class VllmGeneration(Walk):
         draft.bootstrapped = accepted
         if accepted == len(carried):
             draft.carried_rows = own_rows
-            return
+            return True
         draft.request.abort()
-        self.metrics.engine["child_restarts"] = self.metrics.engine.get("child_restarts", 0) + 1
         draft.carried_ids = carried[:accepted] + ([] if next_token is None else [next_token])
         draft.carried_rows = own_rows[: len(draft.carried_ids)]
-        self._submit_child(draft, score_carried=False)
+        if restart:
+            self.metrics.engine["child_restarts"] = self.metrics.engine.get("child_restarts", 0) + 1
+            self._submit_child(draft, score_carried=False)
+        return False
 
     def _finish_draft(self, draft: Child, clock: StageClock) -> None:
         request = draft.request
         if request is None:
             return
         request.abort()
-        self._check(draft)  # its first output may have come in since the last look
-        if draft.request is not request:  # restarted just now: nothing of it was decoded yet
-            draft.request.abort()
-            request = draft.request
-        written = request.token_ids
+        follows = self._check(draft, restart=False)  # its first output may have come in since the last look
+        written = request.token_ids if follows else []  # after a rejected carried token they are void
         if draft.checked:  # else its carried tokens were never scored: the previous draft stays the usable one
             draft.token_ids = _through_eos(draft.carried_ids + written, self.engine.eos_ids)[: self.plan.draft_tokens]
             if not self.config.sampling.greedy:
