@@ -74,12 +74,13 @@ class VllmGeneration(Walk):
         super().__init__(engine, fmt, config, prompt_ids, stats)
         self.banned_ids = sorted(banned_ids)
         self.plan = plan_request(config, costs or CostModel(), stats or PolicyStats())
-        self.row_size = _row_size(config.sampling, getattr(engine, "max_logprobs", 20))
+        max_logprobs = getattr(engine, "max_logprobs", 20)
+        self.row_size = _row_size(config.sampling, max_logprobs)
         if not config.sampling.greedy and self.plan.draft and self.row_size is None:
             self.plan = fixed_plan(GenerationConfig(mode="ar", sampling=config.sampling))
             self.plan.explain["reason"] = (
                 f"sampling on vLLM decodes plainly here: exact verification needs top_k between 1 and the "
-                f"engine's max_logprobs ({getattr(engine, 'max_logprobs', 20)}), or full rows (--max-logprobs -1)")
+                f"engine's max_logprobs ({max_logprobs}), or full rows (--max-logprobs -1)")
         self.rng = np.random.default_rng(config.sampling.seed)  # rejection sampling's coins
         self.metrics = Metrics(mode=config.mode, prompt_tokens=len(prompt_ids), policy=self.plan.as_dict())
         self._check_context()  # each child's request is shorter than the parent's answer request
@@ -260,20 +261,19 @@ class VllmGeneration(Walk):
             return True
         output, start, carried = draft.request.latest, len(draft.context_ids), draft.carried_ids
         draft.checked = True
-        rows = output.prompt_logprobs
-        if rows is None or (output.num_cached_tokens or 0) > start - 1 or not all(rows[start: start + len(carried)]):
-            accepted, next_token, own_rows = 0, None, []  # cache reached into the carried tokens: start afresh
+        scored = output.prompt_logprobs[start: start + len(carried)] if output.prompt_logprobs else []
+        bonus = output.outputs[0].token_ids[0] if output.outputs[0].token_ids else None
+        greedy = self.config.sampling.greedy
+        own_rows: list[dict[int, float]] = []  # sampled: [carried] q under this child's CoT
+        if (output.num_cached_tokens or 0) > start - 1 or len(scored) < len(carried) or not all(scored) \
+                or (bonus is None and not greedy):
+            accepted, next_token = 0, None  # rows missing (the cache reached into the carried tokens): start afresh
+        elif greedy:
+            accepted, next_token = _greedy_verdict(carried, scored, bonus)
         else:
-            own_rows = [self._top(row) for row in rows[start: start + len(carried)]]  # [carried] q under this CoT
-            bonus = output.outputs[0].token_ids[0] if output.outputs[0].token_ids else None
-            if bonus is None and not self.config.sampling.greedy:
-                accepted, next_token = 0, None  # (an output without a token: never seen) start afresh
-            elif self.config.sampling.greedy:
-                accepted, next_token = _greedy_verdict(carried, rows[start: start + len(carried)], bonus)
-            else:
-                verdict = verify_sampled_rows(carried, draft.carried_rows, own_rows, bonus, self.config.sampling,
-                                              self.rng)
-                accepted, next_token = verdict.num_accepted, verdict.next_token
+            own_rows = [self._top(row) for row in scored]
+            verdict = verify_sampled_rows(carried, draft.carried_rows, own_rows, bonus, self.config.sampling, self.rng)
+            accepted, next_token = verdict.num_accepted, verdict.next_token
         draft.bootstrapped = accepted
         if accepted == len(carried):
             draft.carried_rows = own_rows

@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 import time
 from dataclasses import replace
@@ -110,27 +109,16 @@ def skeleton(arch: str) -> dict:
 
 
 def context_curve(engine, contexts: tuple[int, ...], repeats: int) -> dict[int, dict[str, float]]:
-    """Median seconds of a one-sequence step and a 128-token score at each context length."""
-    from .costs import _filler, _median_step_s
+    """Median seconds of a one-sequence step and a 128-token score, and prefill per token, at
+    each context length (calibrate's own probe)."""
+    from .costs import _probe
 
     curve = {}
     for context in contexts:
         if context + 256 > engine.context_size:
             continue
-        filler = _filler(engine, context)
-        seq = engine.prefill(filler)
-        try:
-            step = _median_step_s(engine, [(seq, filler[0])], repeats)
-            engine.truncate(seq, context)
-            scores = []
-            for _ in range(max(2, repeats // 2)):
-                start = time.perf_counter()
-                engine.score(seq, filler[:128])
-                scores.append(time.perf_counter() - start)
-                engine.truncate(seq, context)
-        finally:
-            engine.release(seq)
-        curve[context] = {"step_1": step, "score_128": statistics.median(scores)}
+        prefill_s, step_s, score_s = _probe(engine, context, repeats, (1,), (128,), lambda: None)
+        curve[context] = {"step_1": step_s[1], "score_128": score_s[128], "prefill_token_s": prefill_s}
     return curve
 
 
@@ -194,14 +182,14 @@ def check_architecture(arch: str, args, log) -> dict:
 
 def table(result: dict) -> str:
     """Markdown: each probe in seconds and in decode steps, beside the preset's assumption."""
+    from .costs import Costs
+
     costs, preset = result["costs"], result["preset"]
     step, preset_step = costs["step_s"]["1"], preset["step_s"]["1"]
+    assumed = Costs.from_dict(preset)
 
     def preset_ratio(kind: str, size: str) -> str:
-        from .costs import Costs
-
-        model = Costs.from_dict(preset)
-        value = model.step(int(size)) if kind == "step_s" else model.score(int(size))
+        value = assumed.step(int(size)) if kind == "step_s" else assumed.score(int(size))
         return f"{value / preset_step:.2f}"
 
     lines = [f"### {result['architecture']} on {result['device']}, {result['dtype']} (random weights)", "",
@@ -213,8 +201,8 @@ def table(result: dict) -> str:
                  f"| {preset['prefill_token_s'] / preset_step:.4f} |")
     lines += ["", f"Context {costs['context_tokens']}; per extra cached token: step "
               f"{costs['step_context_s']:.2e} s, score {costs['score_context_s']:.2e} s/token.",
-              "", "| context | step 1 (s) | score 128 (s) |", "|---|---|---|"]
-    lines += [f"| {context} | {row['step_1']:.5f} | {row['score_128']:.5f} |"
+              "", "| context | step 1 (s) | score 128 (s) | prefill per token (s) |", "|---|---|---|---|"]
+    lines += [f"| {context} | {row['step_1']:.5f} | {row['score_128']:.5f} | {row['prefill_token_s']:.6f} |"
               for context, row in sorted(result["context_curve"].items(), key=lambda item: int(item[0]))]
     identical = sum(row["identical"] for row in result["identity"])
     lines += ["", f"Python + launch overhead: a width-64 skeleton of the same layers steps in "

@@ -151,11 +151,12 @@ class SuffixTree:
             node, depth = stack.pop()
             assert depth <= self.max_depth, f"node deeper than {self.max_depth}"
             assert node.count >= 1 or node is self.root, "empty node"
-            child_total = sum(child.count for _, child in node.children())
+            children = node.children()
+            child_total = sum(child.count for _, child in children)
             # each occurrence of path+[t] is an occurrence of path followed by t
             assert child_total <= node.count, f"children count {child_total} > {node.count}"
-            assert len({token for token, _ in node.children()}) == len(node.children()), "a token twice"
-            stack.extend((child, depth + 1) for _, child in node.children())
+            assert len({token for token, _ in children}) == len(children), "a token twice"
+            stack.extend((child, depth + 1) for _, child in children)
 
 
 def _follow(node: _Node, limit: int, min_prob: float) -> tuple[list[int], list[float]]:

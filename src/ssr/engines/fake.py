@@ -133,6 +133,8 @@ class FakeRequestsEngine:
     def open(self, request_id: str, prompt_ids: Sequence[int], params):
         from types import SimpleNamespace
 
+        from ..config import SamplingParams
+        from ..sampling import target_probs
         from .vllm import _DONE, Request
 
         request = Request(self, request_id)
@@ -147,15 +149,12 @@ class FakeRequestsEngine:
         sample_rows: list | None = [] if params.logprobs is not None else None
         while len(generated) < params.max_tokens:
             logits = self.model._logits(tokens).astype(np.float64)  # [vocab]
-            raw = logits - np.log(np.exp(logits - logits.max()).sum()) - logits.max()  # log-softmax, before bias
+            raw = _log_softmax(logits)  # before the bias, as vLLM's raw logprobs
             for token, bias in (params.logit_bias or {}).items():
                 logits[token] += bias
             if params.temperature == 0:
                 token = int(np.argmax(logits))
             else:  # vLLM's sampler: temperature, top-k, top-p (ssr.sampling does the same)
-                from ..config import SamplingParams
-                from ..sampling import target_probs
-
                 probs = target_probs(logits, SamplingParams(params.temperature, params.top_p, params.top_k))
                 token = int(rng.choice(len(probs), p=probs))
             if sample_rows is not None:
@@ -204,10 +203,14 @@ class FakeRequestsEngine:
             if position <= cached:
                 rows.append({(position * 7) % 128: SimpleNamespace(rank=1, logprob=0.0)})  # not computed
                 continue
-            logits = self.model._logits(tokens[:position]).astype(np.float64)
-            raw = logits - np.log(np.exp(logits - logits.max()).sum()) - logits.max()
-            rows.append(_top_row(raw, size, tokens[position]))
+            rows.append(_top_row(_log_softmax(self.model._logits(tokens[:position]).astype(np.float64)), size,
+                                 tokens[position]))
         return rows
+
+
+def _log_softmax(logits: np.ndarray) -> np.ndarray:
+    shifted = logits - logits.max()
+    return shifted - np.log(np.exp(shifted).sum())
 
 
 def _top_row(raw: np.ndarray, size: int, token: int) -> dict:

@@ -21,7 +21,7 @@ from starlette.requests import ClientDisconnect
 from ..config import GenerationConfig
 from .protocol import (ApiError, ParsedRequest, chat_chunk, completion_chunk, final_response, parse_body,
                        parse_request, usage)
-from .scheduler import Job, Scheduler, Stats
+from .scheduler import Job, Scheduler, Stats, shutting_down
 
 DISCONNECT_POLL_S = 0.5  # how often a waiting non-streaming handler checks its client
 MAX_BODY_BYTES = 8 << 20  # a request body larger than this gets 413
@@ -126,8 +126,7 @@ class Gate:
                                  kind="authentication_error", code="invalid_api_key")
                 return await _send_json(send, 401, error.body(), [(b"www-authenticate", b"Bearer")])
         if self.scheduler.draining and scope["path"] != "/metrics":
-            error = ApiError(503, "the server is shutting down; retry on another replica or later",
-                             kind="service_unavailable", code="shutting_down")
+            error = shutting_down()
             return await _send_json(send, 503, error.body(), [(b"retry-after", b"5")])
         return await self.app(scope, receive, send)
 
@@ -315,7 +314,7 @@ def serve(app, host: str, port: int, grace_s: float, log=print) -> None:
         def drain(self) -> None:
             outcome = scheduler.drain(grace_s)
             log(f"ssr: drained: {outcome['finished']} finished, {outcome['cancelled']} cancelled, "
-                f"live sequences {_live(getattr(app.state, 'engine', None))}; exiting")
+                f"live sequences {_live(app.state.engine)}; exiting")
             self.should_exit = True
 
     config = uvicorn.Config(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=10)

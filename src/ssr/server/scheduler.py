@@ -82,7 +82,7 @@ class Scheduler:
         job = Job(request, asyncio.get_running_loop(), time.monotonic() + self.timeout_s)
         with self._wake:
             if self.draining:
-                raise ApiError(503, "the server is shutting down", kind="service_unavailable", code="shutting_down")
+                raise shutting_down()
             if len(self._waiting) >= self.max_queue:
                 self.stats.add(rejected=1)
                 raise ApiError(429, f"the server is busy: {self.max_queue} requests already wait; retry later",
@@ -138,7 +138,7 @@ class Scheduler:
         if job.cancelled.is_set():
             self.stats.add(cancelled=1)
             if job.shutdown:
-                job.emit("error", _shutdown_error())
+                job.emit("error", shutting_down(CANCELLED_BY_SHUTDOWN))
             return
         if time.monotonic() > job.deadline:
             self.stats.add(timed_out=1)
@@ -188,14 +188,17 @@ class Scheduler:
             job.emit("error", ApiError(504, f"the request ran past the {self.timeout_s:g} s time-out",
                                        kind="timeout_error"))
         elif finish == "cancelled" and job.shutdown:
-            job.emit("error", _shutdown_error())
+            job.emit("error", shutting_down(CANCELLED_BY_SHUTDOWN))
         elif finish not in ("cancelled", "error"):
             job.emit("done", {"finish_reason": finish, "metrics": metrics})
 
 
-def _shutdown_error() -> ApiError:
-    return ApiError(503, "the server shut down before this request finished; retry", kind="service_unavailable",
-                    code="shutting_down")
+CANCELLED_BY_SHUTDOWN = "the server shut down before this request finished; retry"
+
+
+def shutting_down(message: str = "the server is shutting down; retry on another replica or later") -> ApiError:
+    """503 while the server drains: for a new request, or one its grace period cancelled."""
+    return ApiError(503, message, kind="service_unavailable", code="shutting_down")
 
 
 class _StopFilter:
