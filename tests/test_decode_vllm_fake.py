@@ -148,3 +148,22 @@ def test_sampled_distribution_test_catches_a_biased_verifier(monkeypatch):
     monkeypatch.setattr(decode_vllm, "verify_sampled_rows", accept_all)
     biased = answer_prefixes("ssr", range(5000, 5700), draft_interval=0)
     assert contingency_p(ar, biased) < 1e-3
+
+
+def test_a_one_token_end_marker_stops_the_cot_as_a_stop_token():
+    """A reasoning model's </think> is one token: the CoT request stops on it in vLLM's scheduler
+    (which then reports its spec-decode metrics), not on a stop string; same output either way."""
+    from dataclasses import replace
+
+    one_token = replace(FMT, end="|", forced_end="\n|")
+    engine = FakeRequestsEngine()
+    config = GenerationConfig(mode="ssr", thinking_budget=40, draft_at=15, draft_tokens=30, max_tokens=60,
+                              policy="fixed")
+    got = VllmGeneration(engine, one_token, config, PROMPT).run()
+    params = engine.opened[0][2]
+    assert ord("|") in params.stop_token_ids and not params.stop
+    two_tokens = FakeRequestsEngine()
+    VllmGeneration(two_tokens, replace(one_token, end="||", forced_end="\n||"), config, PROMPT).run()
+    assert two_tokens.opened[0][2].stop == ["||"] and ord("|") not in two_tokens.opened[0][2].stop_token_ids
+    assert got.metrics.cot_end in ("natural", "budget") and got.cot_ids == \
+        VllmGeneration(FakeRequestsEngine(), one_token, replace(config, mode="ar"), PROMPT).run().cot_ids

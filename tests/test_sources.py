@@ -26,6 +26,13 @@ CASES = [  # (answer, trace, accepted prefix, expected counts)
 ]
 
 
+def test_answer_windows_see_the_forced_tokens_before_the_answer():
+    """The answer follows prompt + CoT + forced tokens: a window over its first tokens holds them."""
+    forced_row = dict(row([4, 5], [{"kind": "span", "at": 0, "accepted": 2}]), forced_ids=[1, 2, 3])
+    assert accepted_sources(forced_row) == {"draft prefix": 0, "prompt": 2}  # 1 2 3 | 4 5: the prompt's text
+    assert accepted_sources(row([4, 5], [{"kind": "span", "at": 0, "accepted": 2}]))["prompt"] == 0
+
+
 @pytest.mark.parametrize("answer,trace,prefix,expected", CASES)
 def test_accepted_sources(answer, trace, prefix, expected):
     cot = [1, 2, 3, 4, 5] if expected.get("cot:prompt") else COT  # a CoT that copies the prompt

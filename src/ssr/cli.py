@@ -123,7 +123,8 @@ def add_model_arguments(parser: argparse.ArgumentParser, several_engines: bool =
     vllm.add_argument("--distributed-executor-backend", default=None, choices=("mp", "ray"),
                       help="vLLM's executor: mp (one node) or ray (several nodes; start the Ray cluster first)")
     vllm.add_argument("--speculative-method", default=None,
-                      help="vLLM's own speculative decoding for the answer (e.g. suffix, ngram; GPU builds)")
+                      help="vLLM's own speculation of every output token, composed with the drafts "
+                           "(suffix: needs arctic-inference, see README; ngram)")
     vllm.add_argument("--num-speculative-tokens", type=int, default=None, help="with --speculative-method")
     vllm.add_argument("--max-logprobs", type=int, default=20,
                       help="logprobs per row vLLM may return (default 20): sampled SSR verifies exactly when top_k is "

@@ -30,8 +30,8 @@ from .draft import Draft
 from .engines.base import Engine
 from .metrics import Metrics, StageClock
 from .policy import CostModel, Plan, PolicyStats, SpanPolicy, plan_request
-from .proposers import (PEER_SUFFIX, CompetingProposers, PromptLookupProposer, Proposer, ResponseHistory,
-                        SuffixProposer)
+from .proposers import (CompetingProposers, PromptLookupProposer, Proposer, ResponseHistory, SuffixProposer,
+                        suffix_peer)
 from .sampling import sample, target_probs
 from .text import TextStream
 from .thinking import ThinkingFormat
@@ -76,6 +76,8 @@ class Generation(Walk):
             parent = self._own(self.engine.prefill(self.prompt_ids[:-1]))
             since = clock.add("prefill", 0.0)
             proposer = self._proposer or self._make_proposer()  # over the whole output: CoT, then answer
+            if hasattr(proposer, "implementation"):  # the suffix tree's: arctic-inference or ssr's own
+                self.metrics.engine["suffix_tree"] = proposer.implementation
             # 1. think (a draft child forks at b_d; CoT spans while none lives)
             cot_ids, pending, cot_end, drafts = yield from self._think(parent, self.prompt_ids[-1], clock, proposer)
             since = clock.add("cot", since)
@@ -374,7 +376,7 @@ class Generation(Walk):
             return CompetingProposers({"suffix": SuffixProposer(params, [self.prompt_ids], self.history),
                                        "lookup": PromptLookupProposer(self.prompt_ids, 3, params.max_span)})
         if kind == "suffix":
-            return SuffixProposer(PEER_SUFFIX, [self.prompt_ids], self.history)
+            return suffix_peer(self.prompt_ids, self.history)
         if kind == "pld":
             return PromptLookupProposer(self.prompt_ids)
         return None

@@ -1,7 +1,8 @@
 """One request on vLLM: SSR made of ordinary vLLM requests (engines/vllm.py).
 
   1. think    - the parent streams its CoT (stops at the end marker or b_v; code fences
-                biased out). At each stage budget b a draft child is submitted: prompt +
+                masked out with allowed_token_ids: vLLM's speculative methods refuse
+                logit_bias). At each stage budget b a draft child is submitted: prompt +
                 CoT[:b] + end marker + answer prefix, so its prompt is a prefix-cache hit on
                 the parent's blocks; it writes up to m tokens in vLLM's batch while the
                 parent streams on. A later stage is *bootstrapped*: the previous draft rides
@@ -13,19 +14,16 @@
                 `prompt_logprobs` (greedy: accepted while the draft token is the argmax; the
                 first mismatch's argmax, or the token after a fully accepted draft, is the bonus;
                 sampled: exact rejection sampling on top-k rows, verify.verify_sampled_rows)
-  3. continue - one request continues from the accepted prefix (vLLM's own speculative
-                method, when the engine was started with one, speeds it up inside vLLM)
+  3. continue - one request from the accepted prefix. With --speculative-method suffix vLLM
+                speculates CoT and answer itself, the children's drafts being responses in its
+                suffix tree; what it accepted: metrics.engine["speculation"], the trace
   4. finish   - every request still open is aborted, metrics closed
 `ar` is the same walk without children: the CoT request, then the answer request.
 
-Sampled requests: rejection sampling needs, at each drafted position, the draft's and the
-target's sampling distributions. vLLM returns raw top-k logprob rows (log-softmax before
-temperature, top-k, top-p): with top_k = k those rows hold every token the sampler may
-pick, so the distributions are computed exactly from them (verify.row_probs). The child
-returns its rows with its tokens (`logprobs=k`), the verify request the target's rows
-(`prompt_logprobs=k`); the engine must allow k (vLLM's max_logprobs, 20 by default; -1
-returns whole vocabularies, exact for any top_k, costly). Otherwise a sampled request
-decodes plainly and says why.
+Sampled requests: exact rejection sampling on vLLM's raw top-k logprob rows, which hold every
+token the sampler may pick when top_k = k <= max_logprobs (-1: whole vocabularies); the child
+returns its rows (`logprobs=k`), the verify request the target's (`prompt_logprobs=k`).
+Otherwise a sampled request decodes plainly and says why (README, "vLLM").
 """
 from __future__ import annotations
 
@@ -43,10 +41,10 @@ from .policy import CostModel, PolicyStats, fixed_plan, plan_request
 from .text import TextStream
 from .thinking import ThinkingFormat
 from .verify import verify_sampled_rows
+from .vllm_speculation import record_speculation
 from .walk import Chunk, Walk
 
 VLLM_MODES = ("ar", "ssr", "ssr-prefix")  # continuation proposers live inside vLLM (--speculative-method)
-BANNED_BIAS = -1e9  # logit bias that removes a token (vLLM adds it to the logits)
 
 
 @dataclass
@@ -123,9 +121,14 @@ class VllmGeneration(Walk):
         if self.fmt.steer:
             yield Chunk("reasoning", self.fmt.steer, ())
         stages = list(self.plan.stages) if self.plan.draft else []
-        bias = {token: BANNED_BIAS for token in self.banned_ids} or None
+        banned = set(self.banned_ids)
+        allowed = [token for token in range(self.engine.vocab_size) if token not in banned] if banned else None
+        # a one-token end marker (</think>) stops the request in vLLM's scheduler, which then reports
+        # its spec-decode metrics; a text marker stops it in the frontend (no metrics: the stream's)
+        end_ids = self.engine.tokenize(self.fmt.end)
+        stops = {"stop_ids": end_ids} if len(end_ids) == 1 else {"stop": [self.fmt.end]}
         parent = self._submit("parent", self.prompt_ids, self._params(
-            self.config.thinking_budget, stop=[self.fmt.end], logit_bias=bias, detokenize=True))
+            self.config.thinking_budget, allowed_token_ids=allowed, detokenize=True, **stops))
         cot_end, seen = "", 0
         self._fork_due(cot_ids, stages, drafts, clock)  # b = 0: a child from the prompt alone
         for output in parent.stream():
@@ -141,6 +144,7 @@ class VllmGeneration(Walk):
             if cot_end:
                 break
         parent.abort()
+        self._speculation("cot", parent, 0, len(cot_ids))
         if not cot_end:  # the stream ended without an end marker or EOS seen here
             reason = parent.latest.outputs[0].finish_reason if parent.latest is not None else "length"
             cot_end = "budget" if reason == "length" else "natural"
@@ -209,13 +213,15 @@ class VllmGeneration(Walk):
             return
         context = self.prompt_ids + cot_ids + self._forced_ids + self.answer_ids
         request = self._submit("answer", context, self._params(self.config.max_tokens - len(self.answer_ids)))
-        seen = 0
+        seen, start = 0, len(self.answer_ids)
         for output in request.stream():
             new = list(output.outputs[0].token_ids[seen:])
             seen += len(new)
             yield from self._commit(new)
             if self.metrics.stop:
                 break
+        request.abort()
+        self._speculation("answer", request, start, len(self.answer_ids) - start)
         if not self.metrics.stop:
             self.metrics.stop = "max_tokens" if len(self.answer_ids) >= self.config.max_tokens else "eos"
         self.metrics.decode_steps = len(cot_ids) + seen  # tokens vLLM decoded for the parent
@@ -306,18 +312,24 @@ class VllmGeneration(Walk):
 
     # -- helpers ------------------------------------------------------------------------
 
+    def _speculation(self, phase: str, request: Request, start: int, used: int) -> None:
+        """What vLLM's own speculative method accepted in the CoT or answer request."""
+        method = getattr(self.engine, "speculative_method", None)
+        if method:
+            record_speculation(self.metrics, self._trace, phase, request, f"vllm-{method}", start, used)
+
     def _submit(self, role: str, prompt_ids: list[int], params) -> Request:
         request = self.engine.open(self.engine.new_id(role), prompt_ids, params)
         self._open.append(request)
         return request
 
-    def _params(self, max_tokens: int, child: bool = False, detokenize: bool = False, **extra):
+    def _params(self, max_tokens: int, child: bool = False, detokenize: bool = False, stop_ids=(), **extra):
         sampling = self.config.sampling
         seed = sampling.seed + 7919 * (1 + len(self._open)) if child else sampling.seed  # a child's own coins
         randomness = {"temperature": 0.0} if sampling.greedy else {
             "temperature": sampling.temperature, "top_p": sampling.top_p, "top_k": sampling.top_k, "seed": seed}
         return self.engine.sampling_params(
-            max_tokens=max(1, max_tokens), stop_token_ids=sorted(self.engine.eos_ids), detokenize=detokenize,
+            max_tokens=max(1, max_tokens), stop_token_ids=sorted({*self.engine.eos_ids, *stop_ids}), detokenize=detokenize,
             include_stop_str_in_output=True, skip_special_tokens=False, **randomness, **extra)
 
     def _row_request(self) -> int:

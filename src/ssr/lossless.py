@@ -15,11 +15,12 @@ class Divergence:
     phase: str  # "cot" or "answer"
     expected_token: int  # plain decoding's token
     got_token: int  # the other decode's token
-    logit_gap: float  # |logit(expected) - logit(got)| at that position, recomputed in one pass
+    logit_gap: float | None  # |logit(expected) - logit(got)| there, recomputed in one pass (None: vLLM)
 
     def describe(self) -> str:
         return (f"diverged in the {self.phase} at output token {self.position}: "
-                f"{self.expected_token} vs {self.got_token}, logit gap {self.logit_gap:.4f}")
+                f"{self.expected_token} vs {self.got_token}, logit gap "
+                + ("unknown (no sequence engine to rescore)" if self.logit_gap is None else f"{self.logit_gap:.4f}"))
 
 
 def first_divergence(engine: Engine, prompt_ids: list[int], expected: Result, got: Result) -> Divergence | None:
@@ -37,6 +38,8 @@ def first_divergence(engine: Engine, prompt_ids: list[int], expected: Result, go
     end_id = min(engine.eos_ids)
     expected_token = expected_ids[position] if position < len(expected_ids) else end_id
     got_token = got_ids[position] if position < len(got_ids) else end_id
+    if not hasattr(engine, "prefill"):  # vLLM: requests, no sequence to score
+        return Divergence(position, phase, expected_token, got_token, None)
     seq = engine.prefill(prompt_ids[:-1])
     try:
         row = engine.score(seq, [prompt_ids[-1]] + expected_ids[:position])[-1]  # [vocab]

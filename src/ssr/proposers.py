@@ -82,8 +82,17 @@ class ResponseHistory:
         self.responses: list[list[int]] = []  # oldest first
         self._tokens = 0  # tokens in self.responses
         self._trees: dict[int, SuffixTree] = {}  # max_depth -> tree over the responses
+        self._arctic: dict[int, object] = {}  # max_depth -> arctic-inference cache (requests, not tokens)
+        self._arctic_live: dict[int, str] = {}  # max_depth -> the request writing its response there now
+        self._arctic_ids = 0  # request ids handed out to arctic caches
 
     def add(self, token_ids: Sequence[int]) -> None:
+        for depth, cache in self._arctic.items():  # its live request wrote this response already
+            live = self._arctic_live.pop(depth, None)
+            if live is not None:
+                cache.stop_request(live)
+            elif self.max_tokens and token_ids:
+                self._arctic_response(cache, token_ids)
         if not self.max_tokens or not token_ids or len(token_ids) > self.max_tokens:
             return
         self.responses.append(list(token_ids))
@@ -106,6 +115,74 @@ class ResponseHistory:
         return self._trees[max_depth]
 
 
+    def arctic(self, max_depth: int):
+        """(arctic-inference SuffixDecodingCache over the responses so far, a new request id), for
+        one request that writes its response there as it goes (as vLLM's suffix method does). The
+        cache is bounded by requests, as in vLLM (10,000); with max_tokens 0 it holds none."""
+        from arctic_inference.suffix_decoding import SuffixDecodingCache
+
+        if max_depth not in self._arctic:
+            cache = self._arctic[max_depth] = SuffixDecodingCache(max_depth, 10000 if self.max_tokens else 0)
+            for response in self.responses:
+                self._arctic_response(cache, response)
+        live = self._arctic_live.pop(max_depth, None)
+        if live is not None:  # a request that never reached add(): its response stays cached
+            self._arctic[max_depth].stop_request(live)
+        self._arctic_ids += 1
+        self._arctic_live[max_depth] = request_id = f"request-{self._arctic_ids}"
+        return self._arctic[max_depth], request_id
+
+    def _arctic_response(self, cache, token_ids: Sequence[int]) -> None:
+        self._arctic_ids += 1
+        request_id = f"earlier-{self._arctic_ids}"
+        cache.start_request(request_id, [])
+        cache.add_active_response(request_id, list(token_ids))
+        cache.stop_request(request_id)
+
+
+class ArcticSuffixProposer(_OneSource):
+    """The `suffix` peer on arctic-inference's C++ suffix tree, the library vLLM's `suffix`
+    method calls, driven as vLLM's SuffixDecodingProposer drives it: the prompt starts a request,
+    committed tokens extend its response (in the cache's global tree as they are written), the
+    last max_depth tokens of prompt + output are the pattern. Drafts are not added (vLLM's method
+    has no such source). `suffix_proposer` picks it when arctic-inference is installed."""
+
+    source = "suffix"
+    implementation = "arctic-inference"
+
+    def __init__(self, params: SuffixParams, prompt: Sequence[int], history: ResponseHistory | None = None) -> None:
+        self.params = params
+        history = history if history is not None else ResponseHistory(0)
+        self.cache, self.request_id = history.arctic(params.max_depth)
+        self.cache.start_request(self.request_id, list(prompt))
+        self.context = list(prompt[-params.max_depth:])  # the pattern's source: prompt + output, last tokens
+
+    def add_source(self, token_ids: Sequence[int]) -> None:
+        """vLLM's suffix method speculates from the request and earlier responses only."""
+
+    def observe(self, token_ids: Sequence[int]) -> None:
+        if token_ids:
+            self.cache.add_active_response(self.request_id, list(token_ids))
+            self.context = (self.context + list(token_ids))[-self.params.max_depth:]
+
+    def propose(self, max_tokens: int) -> tuple[list[int], list[float] | None]:
+        limit = min(max_tokens, self.params.max_span)
+        if limit < 1:
+            return [], None
+        draft = self.cache.speculate(self.request_id, self.context, max_spec_tokens=limit,
+                                     max_spec_factor=self.params.span_factor, min_token_prob=self.params.min_prob)
+        return list(draft.token_ids), list(draft.probs)
+
+
+def suffix_peer(prompt: Sequence[int], history: ResponseHistory | None) -> Proposer:
+    """The `suffix` peer: arctic-inference's tree where it is installed (the real thing), else
+    ssr's Python tree with the same defaults (tested against each other)."""
+    try:
+        return ArcticSuffixProposer(PEER_SUFFIX, prompt, history)
+    except ImportError:
+        return SuffixProposer(PEER_SUFFIX, [prompt], history)
+
+
 class SuffixProposer(_OneSource):
     """Suffix decoding over source sequences (prompt, drafts), the live output and earlier
     responses, as vLLM's `suffix` method does over the prompt, the output so far and its global
@@ -113,6 +190,7 @@ class SuffixProposer(_OneSource):
     proposal costs O(depth), not O(depth^2)."""
 
     source = "suffix"
+    implementation = "ssr"
     MATCH_BUCKETS = (4, 8, 16)  # a span's source names its match length: suffix/<4, /4-7, /8-15, /16+
 
     def __init__(self, params: SuffixParams, seeds: Sequence[Sequence[int]],

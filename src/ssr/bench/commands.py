@@ -71,6 +71,10 @@ def cmd_bench(args: argparse.Namespace, config: GenerationConfig, model_loader) 
     try:
         rows = run_bench(models, items, modes, config, args.repeats, out)
     finally:
+        for model in models.values():  # vLLM: shut its engine process down before the interpreter exits
+            close = getattr(model.engine, "close", None)
+            if close is not None:
+                close()
         if not rows and out.exists():  # interrupted: report what was written
             rows = load_rows([out])
         if rows:

@@ -33,7 +33,12 @@ def run_item(model: SSR, item: Item, modes: list[str], config: GenerationConfig,
     earlier = {mode: len(histories[mode].responses) for mode in modes}  # responses each mode could copy from
     generations = {mode: model.start(item.prompt, replace(config, mode=mode), template, histories[mode])
                    for mode in order}
-    results = {mode: generation.run() for mode, generation in generations.items()}
+    first_request = getattr(model.engine, "last_number", 0) + 1  # vLLM: this item's first request
+    results = {}
+    for index, (mode, generation) in enumerate(generations.items()):
+        if index:  # vLLM's suffix cache: no run copies this item's answer from another mode's run
+            _forget_responses(model, since=first_request)
+        results[mode] = generation.run()
     prompt_ids = generations[modes[0]].prompt_ids
     rows = []
     for mode in modes:
@@ -68,6 +73,8 @@ def run_bench(models: dict[str, SSR], items: list[Item], modes: list[str], confi
         for repeat in range(repeats):
             # each (engine, mode) copies from the earlier items of this pass only
             histories = {engine: {mode: ResponseHistory() for mode in modes} for engine in models}
+            for model in models.values():  # vLLM's own cache of responses: nothing from another pass
+                _forget_responses(model, since=1)
             for index, item in enumerate(items):
                 bar.set_description(f"{item.suite} {item.item_id}")
                 flip = (repeat + index) % 2 == 1
@@ -82,3 +89,11 @@ def run_bench(models: dict[str, SSR], items: list[Item], modes: list[str], confi
                 bar.update(1)
     bar.close()
     return rows
+
+
+def _forget_responses(model: SSR, since: int) -> None:
+    """Engines that keep earlier responses inside (vLLM's suffix method) drop those of the
+    requests numbered `since` or later; the others keep theirs in `histories`."""
+    forget = getattr(model.engine, "forget_responses", None)
+    if forget is not None:
+        forget(since)

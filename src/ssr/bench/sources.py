@@ -46,7 +46,7 @@ def accepted_sources(row: dict) -> Counter:
             output, own, order = cot, "cot:cot", ("prompt",)
         else:
             continue
-        context = (prompt + cot) if event["kind"] == "span" else prompt  # what precedes the output
+        context = (prompt + cot + row.get("forced_ids", [])) if event["kind"] == "span" else prompt  # before the output
         for position in range(event["at"], min(event["at"] + event["accepted"], len(output))):
             window = (context + output[: position + 1])[-NGRAM:]
             gram = tuple(window)
@@ -64,7 +64,8 @@ def sources_table(rows: list[dict], group_name) -> list[dict]:
     """Per (suite, mode) of the speculating modes: mean accepted tokens per run by source."""
     groups: dict[tuple[str, str], list[Counter]] = defaultdict(list)
     for row in rows:
-        if row["mode"] != "ar" and "prompt_ids" in row:  # rows with their tokens
+        speculated = row["mode"] != "ar" or any("at" in event for event in row.get("trace", []))  # vLLM's own
+        if speculated and "prompt_ids" in row:  # rows with their tokens
             groups[(group_name(row), row["mode"])].append(accepted_sources(row))
     return [{"suite": suite, "mode": mode, "runs": len(counts),
              **{name: statistics.mean(c[name] for c in counts) for name in ANSWER_SOURCES + COT_SOURCES}}

@@ -127,7 +127,7 @@ class FakeRequestsEngine:
     def sampling_params(self, **options):
         from types import SimpleNamespace
 
-        return SimpleNamespace(**{"stop": None, "logit_bias": None, "prompt_logprobs": None, "logprobs": None,
+        return SimpleNamespace(**{"stop": None, "allowed_token_ids": None, "prompt_logprobs": None, "logprobs": None,
                                   "seed": 0, "top_p": 1.0, "top_k": 0, "skip_reading_prefix_cache": None, **options})
 
     def open(self, request_id: str, prompt_ids: Sequence[int], params):
@@ -149,9 +149,11 @@ class FakeRequestsEngine:
         sample_rows: list | None = [] if params.logprobs is not None else None
         while len(generated) < params.max_tokens:
             logits = self.model._logits(tokens).astype(np.float64)  # [vocab]
-            raw = _log_softmax(logits)  # before the bias, as vLLM's raw logprobs
-            for token, bias in (params.logit_bias or {}).items():
-                logits[token] += bias
+            raw = _log_softmax(logits)  # before the mask, as vLLM's raw logprobs
+            if params.allowed_token_ids is not None:
+                masked = np.full_like(logits, -np.inf)
+                masked[params.allowed_token_ids] = logits[params.allowed_token_ids]
+                logits = masked
             if params.temperature == 0:
                 token = int(np.argmax(logits))
             else:  # vLLM's sampler: temperature, top-k, top-p (ssr.sampling does the same)

@@ -37,7 +37,17 @@ class Request:
         self.request_id = request_id
         self.outputs: queue.Queue = queue.Queue()  # RequestOutput (cumulative), then _DONE or an exception
         self.latest = None  # the last RequestOutput seen
+        self.steps: list[int] = []  # new tokens per output: one engine step each, unless vLLM merged
+        #                             outputs a slow reader had not taken yet
         self.finished = threading.Event()
+
+    @property
+    def speculation(self):
+        """vLLM's per-request spec-decode metrics (RequestSpecDecodeMetrics: per step drafted and
+        accepted), set on the final output when the engine runs a speculative method; else None."""
+        if self.latest is None or not self.latest.outputs:
+            return None
+        return getattr(self.latest.outputs[0], "spec_decode_metrics", None)
 
     @property
     def token_ids(self) -> list[int]:
@@ -106,7 +116,9 @@ class VllmEngine:
             pipeline_parallel_size=pipeline_parallel_size, gpu_memory_utilization=gpu_memory_utilization,
             enable_prefix_caching=enable_prefix_caching, distributed_executor_backend=distributed_executor_backend,
             dtype=dtype or ("float32" if self.on_cpu else "auto"), speculative_config=speculative,
-            max_logprobs=max_logprobs, disable_log_stats=True)
+            max_logprobs=max_logprobs, disable_log_stats=True,
+            per_request_spec_decode_metrics="detailed" if speculative_method else "none",
+            worker_extension_cls=f"{__name__}.SuffixCacheWorker" if speculative_method == "suffix" else "")
         self._loop = asyncio.new_event_loop()
         threading.Thread(target=self._loop.run_forever, name="ssr-vllm-loop", daemon=True).start()
         try:
@@ -125,6 +137,7 @@ class VllmEngine:
         self.add_bos, self.eos_ids = self.text.add_bos, self.text.eos_ids
         self.max_sequences = 1 << 16  # requests, not KV slots: vLLM queues what does not fit
         self._ids = itertools.count(1)
+        self.last_number = 0  # of the latest request id handed out
 
     # -- text -------------------------------------------------------------------------------
 
@@ -137,7 +150,26 @@ class VllmEngine:
     # -- requests ---------------------------------------------------------------------------
 
     def new_id(self, role: str) -> str:
-        return f"ssr-{next(self._ids)}-{role}"  # itertools.count: atomic under the GIL (threads share it)
+        self.last_number = number = next(self._ids)  # itertools.count: atomic under the GIL (threads share it)
+        return f"ssr-{number}-{role}"
+
+    def forget_responses(self, since: int) -> int:
+        """Drop from vLLM's suffix cache (the global tree of earlier responses its `suffix` method
+        speculates from) the responses of requests numbered `since` or later (new_id's numbers);
+        returns how many. The bench calls it between the runs of one item, so that no run copies
+        the same item's answer from another mode or repeat. 0 without the suffix method."""
+        if self.speculative_method != "suffix":
+            return 0
+        return sum(self._call(self._llm.collective_rpc("ssr_evict_responses", args=(since,))))
+
+    def cached_responses(self) -> list[str]:
+        """vLLM's ids of this adapter's requests whose responses the suffix method's global tree
+        holds (a draft child's is there once it has written: the parent's answer speculates from
+        it). [] without the suffix method."""
+        if self.speculative_method != "suffix":
+            return []
+        return sorted({name for names in self._call(self._llm.collective_rpc("ssr_cached_requests"))
+                       for name in names})
 
     def sampling_params(self, **options):
         from vllm import SamplingParams
@@ -168,8 +200,12 @@ class VllmEngine:
         self._loop.call_soon_threadsafe(self._loop.stop)
 
     async def _pump(self, request: Request, prompt_ids: list[int], params) -> None:
+        seen = 0
         try:
             async for output in self._llm.generate({"prompt_token_ids": prompt_ids}, params, request.request_id):
+                count = len(output.outputs[0].token_ids) if output.outputs else 0
+                request.steps.append(count - seen)
+                seen = count
                 request.latest = output
                 request.outputs.put(output)
         except BaseException as error:  # noqa: BLE001 - handed to the consumer thread
@@ -180,6 +216,30 @@ class VllmEngine:
 
     def _call(self, coroutine):
         return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result()
+
+
+class SuffixCacheWorker:
+    """Mixed into vLLM's worker (worker_extension_cls) when the suffix method runs: methods the
+    adapter calls by name through collective_rpc, in vLLM's worker process."""
+
+    def ssr_cached_requests(self) -> list[str]:
+        cache = getattr(getattr(self.model_runner, "drafter", None), "suffix_cache", None)
+        return [] if cache is None else [str(request_id) for request_id in cache.cached_requests
+                                         if str(request_id).startswith("ssr-")]
+
+    def ssr_evict_responses(self, since: int) -> int:
+        """Evict from the suffix method's global cache the responses of this adapter's requests
+        numbered `since` or later (vLLM's ids for them: ssr-N-role-xxxxxxxx); returns how many."""
+        cache = getattr(getattr(self.model_runner, "drafter", None), "suffix_cache", None)
+        if cache is None:
+            return 0
+        evicted = 0
+        for request_id in list(cache.cached_requests):
+            parts = str(request_id).split("-")
+            if len(parts) > 2 and parts[0] == "ssr" and parts[1].isdigit() and int(parts[1]) >= since:
+                cache.evict_cached_response(request_id)
+                evicted += 1
+        return evicted
 
 
 async def _create(async_llm, args):
