@@ -226,3 +226,41 @@ def test_span_policy_chooses_the_source_worth_most(candidates, observed, source,
             policy.observe(proposed, accepted, source=name)
     chosen, span = policy.choose(candidates)
     assert (chosen, len(span)) == (source, length)
+
+
+def test_span_acceptance_carries_to_the_next_request_and_fades():
+    """A source that failed in earlier requests is skipped from a new request's first proposal
+    (no pass paid to learn it again), and tried again once its record has faded."""
+    from ssr.policy import SpanPolicy
+
+    first = SpanPolicy(CPU_LIKE)
+    for _ in range(6):
+        first.observe(8, 0, source="bad")
+        first.observe(8, 8, source="good")
+    learnt = dict(first.stats)
+    second = SpanPolicy(CPU_LIKE, learnt)
+    assert second.cut([1] * 20, "bad") == [] and len(second.cut([1] * 20, "good")) >= 8
+    assert SpanPolicy(CPU_LIKE).cut([1] * 20, "bad") != []  # without the record: the optimistic prior
+    assert learnt["bad"].at_risk == first.stats["bad"].at_risk  # carried as a copy, not shared
+    later = learnt
+    for request in range(12):  # requests that never try it: its failures weigh less and less
+        later = dict(SpanPolicy(CPU_LIKE, later).stats)
+        if SpanPolicy(CPU_LIKE, later).cut([1] * 20, "bad"):
+            break
+    assert 0 < request < 11
+
+
+def test_requests_hand_their_span_acceptance_to_the_next():
+    from ssr.decode import Generation
+    from ssr.engines.fake import FakeEngine
+    from ssr.thinking import FORMATS
+
+    stats = PolicyStats()
+    config = GenerationConfig(mode="ssr", thinking_budget=40, max_tokens=60, policy="fixed", draft_at=0)
+    prompt = [ord(c) for c in "Please complete the class Stack."]
+    Generation(FakeEngine(), FORMATS["code"], config, prompt, stats=stats).run()
+    assert set(stats.spans) == {"answer", "cot"} and stats.spans["answer"]
+    plain = PolicyStats()
+    Generation(FakeEngine(), FORMATS["code"], GenerationConfig(mode="suffix", thinking_budget=40, max_tokens=60,
+                                                               policy="fixed"), prompt, stats=plain).run()
+    assert plain.spans == {}  # the peers cut nothing: nothing to learn

@@ -59,8 +59,9 @@ class Generation(Walk):
         self.costs = replace(costs) if costs is not None else CostModel()
         # drafting: whether, when, how (`plan` given: a replay of a run's own plan)
         self.plan = plan or plan_request(config, self.costs, stats or PolicyStats())
-        self.spans = SpanPolicy(self.costs)  # answer span lengths worth a verify pass
-        self.cot_spans = SpanPolicy(self.costs)  # the same for CoT spans (they are accepted less)
+        learnt = stats.spans if stats is not None else {}  # span acceptance earlier requests measured
+        self.spans = SpanPolicy(self.costs, learnt.get("answer"))  # answer span lengths worth a verify pass
+        self.cot_spans = SpanPolicy(self.costs, learnt.get("cot"))  # the same for CoT spans (accepted less)
         self.metrics = Metrics(mode=config.mode, prompt_tokens=len(prompt_ids), policy=self.plan.as_dict())
         self._check_context(config.suffix.max_span + 1 + (self.plan.draft_tokens if self.plan.draft else 0),
                             " + draft tokens" if config.uses_draft else "")
@@ -99,6 +100,8 @@ class Generation(Walk):
             yield Chunk("answer", tail, ())
         self.metrics.total_s = clock.now()
         self._close_metrics(drafts)
+        if self.stats is not None and self.config.adaptive_spans and self.config.uses_draft:
+            self.stats.spans.update(answer=dict(self.spans.stats), cot=dict(self.cot_spans.stats))
         self._finish(cot_ids, drafts[-1].token_ids if drafts else [])
         if self.history is not None:
             self.history.add(self.result.output_ids)

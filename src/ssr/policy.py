@@ -19,7 +19,7 @@ from __future__ import annotations
 import statistics
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 from .config import GenerationConfig
 from .costs import Costs
@@ -130,6 +130,12 @@ class AcceptanceStats:
         if num_accepted < num_proposed:
             self.failed[num_accepted] += 1
 
+    def carried(self, weight: float) -> AcceptanceStats:
+        """A copy whose spans weigh `weight` as much: what the next request starts from (the prior
+        regains ground, so a source that failed in earlier requests is tried again later)."""
+        return replace(self, at_risk=[count * weight for count in self.at_risk],
+                       failed=[count * weight for count in self.failed])
+
     def probs(self, length: int) -> list[float]:
         """S(1) .. S(length)."""
         prior_hazard = 1.0 - self.prior_rate
@@ -159,9 +165,13 @@ class SpanPolicy:
     min_passes = 8  # passes before the guard judges
     explore_every = 8  # while off: verify one proposal in this many
 
-    def __init__(self, costs: CostModel) -> None:
+    carry = 0.75  # weight of earlier requests' spans in a new request's acceptance curves
+
+    def __init__(self, costs: CostModel, learnt: dict[str, AcceptanceStats] | None = None) -> None:
         self.costs = costs
-        self.stats: dict[str, AcceptanceStats] = defaultdict(AcceptanceStats)  # per source
+        # per source; starts from what earlier requests learnt (PolicyStats.spans), carried at 3/4 weight
+        self.stats: dict[str, AcceptanceStats] = defaultdict(
+            AcceptanceStats, {source: stats.carried(self.carry) for source, stats in (learnt or {}).items()})
         self.gain_s = 0.0  # realised seconds saved by span passes against plain steps
         self.timed_passes = 0  # passes whose seconds were reported
         self.skipped = 0  # proposals dropped by the guard since the last one verified
@@ -209,6 +219,9 @@ class PolicyStats:
     answer_s: float = 0.0  # continuation seconds, summed (requests continued by suffix decoding)
     answer_count: int = 0  # continuation answer tokens, summed (same requests)
     window: int = 32  # requests kept for the length medians
+    # span acceptance per phase ("cot", "answer") and source, as the latest request left it: the
+    # next request's span policy starts from it (SpanPolicy.carry), not from the prior alone
+    spans: dict[str, dict[str, AcceptanceStats]] = field(default_factory=dict)
 
     def observe(self, metrics, draft_ids: Sequence[int], answer_ids: Sequence[int],
                 known_ids: Sequence[int]) -> None:

@@ -42,9 +42,10 @@ class Replay:
 
 def replay(row: dict, costs: Costs, config: GenerationConfig, answer_prefix_ids: list[int],
            spans: str = "policy", forced_end_ids: list[int] | None = None,
-           history: ResponseHistory | None = None) -> Replay:
+           history: ResponseHistory | None = None, stats: PolicyStats | None = None) -> Replay:
     """Modelled seconds of one bench row under `costs` (its own mode, greedy); `history`: the
-    earlier rows' responses, as the bench gave them to this row's mode."""
+    earlier rows' responses, as the bench gave them to this row's mode; `stats`: what the
+    engine's earlier rows taught the policy (span acceptance), as the bench's model kept it."""
     config = replace(config, mode=row["mode"], sampling=SamplingParams())
     metrics = row["metrics"]
     plan = _row_plan(row, config)
@@ -60,7 +61,8 @@ def replay(row: dict, costs: Costs, config: GenerationConfig, answer_prefix_ids:
         config = replace(config, adaptive_spans=False)
         proposer = RecordedSpans(row.get("trace", []), engine) if config.proposer else None
     generation = Generation(engine, REPLAY_FORMAT, config, row["prompt_ids"], costs=CostModel(table=costs),
-                            stats=PolicyStats(), proposer=proposer, plan=plan, history=history)
+                            stats=stats if stats is not None else PolicyStats(), proposer=proposer, plan=plan,
+                            history=history)
     result = generation.run()
     done = result.metrics
     return Replay(seconds=defaultdict(float, done.seconds), accepted_prefix_tokens=done.accepted_prefix_tokens,
@@ -120,13 +122,15 @@ def simulate(rows: list[dict], costs: Costs, config: GenerationConfig, spans: st
     prefixes = {suite: answer_prefix_of(suite_rows) for suite, suite_rows in by_suite.items()}
     forced_ends = {suite: forced_end_of(suite_rows, prefixes[suite]) for suite, suite_rows in by_suite.items()}
     histories: dict[tuple, ResponseHistory] = defaultdict(ResponseHistory)  # as the bench kept them
+    learnt: dict[str, PolicyStats] = defaultdict(PolicyStats)  # per engine: one model's stats, all its rows
     out = []
     for row in rows:  # in the bench's order: each row's history holds the rows before it
         suite = group_name(row)
         row_config = config_from_dict(row["config"]) if isinstance(row.get("config"), dict) else config
         # rows since the response history record how many responses they could copy from
         history = histories[(row.get("engine"), row["mode"], row["repeat"])] if "history_responses" in row else None
-        result = replay(row, costs, row_config, prefixes[suite], spans, forced_ends[suite], history)
+        result = replay(row, costs, row_config, prefixes[suite], spans, forced_ends[suite], history,
+                        learnt[row.get("engine")])
         out.append({"suite": suite, "item": row["item"], "repeat": row["repeat"], "mode": row["mode"],
                     "measured_s": row["metrics"]["total_s"], "modelled_s": result.total_s,
                     "modelled_stages": dict(result.seconds),
