@@ -329,8 +329,8 @@ class VllmGeneration(Walk):
         randomness = {"temperature": 0.0} if sampling.greedy else {
             "temperature": sampling.temperature, "top_p": sampling.top_p, "top_k": sampling.top_k, "seed": seed}
         return self.engine.sampling_params(
-            max_tokens=max(1, max_tokens), stop_token_ids=sorted({*self.engine.eos_ids, *stop_ids}), detokenize=detokenize,
-            include_stop_str_in_output=True, skip_special_tokens=False, **randomness, **extra)
+            max_tokens=max(1, max_tokens), stop_token_ids=sorted({*self.engine.eos_ids, *stop_ids}),
+            detokenize=detokenize, include_stop_str_in_output=True, skip_special_tokens=False, **randomness, **extra)
 
     def _row_request(self) -> int:
         """Logprobs per row to ask vLLM for: greedy needs the argmax, sampling the top k (or all: -1)."""

@@ -114,7 +114,6 @@ class ResponseHistory:
                 tree.add_sequence(response)
         return self._trees[max_depth]
 
-
     def arctic(self, max_depth: int):
         """(arctic-inference SuffixDecodingCache over the responses so far, a new request id), for
         one request that writes its response there as it goes (as vLLM's suffix method does). The
@@ -145,7 +144,7 @@ class ArcticSuffixProposer(_OneSource):
     method calls, driven as vLLM's SuffixDecodingProposer drives it: the prompt starts a request,
     committed tokens extend its response (in the cache's global tree as they are written), the
     last max_depth tokens of prompt + output are the pattern. Drafts are not added (vLLM's method
-    has no such source). `suffix_proposer` picks it when arctic-inference is installed."""
+    has no such source). `suffix_peer` picks it when arctic-inference is installed."""
 
     source = "suffix"
     implementation = "arctic-inference"

@@ -222,15 +222,19 @@ class SuffixCacheWorker:
     """Mixed into vLLM's worker (worker_extension_cls) when the suffix method runs: methods the
     adapter calls by name through collective_rpc, in vLLM's worker process."""
 
+    def _ssr_suffix_cache(self):
+        """vLLM's SuffixDecodingProposer's cache (arctic-inference), None without the method."""
+        return getattr(getattr(self.model_runner, "drafter", None), "suffix_cache", None)
+
     def ssr_cached_requests(self) -> list[str]:
-        cache = getattr(getattr(self.model_runner, "drafter", None), "suffix_cache", None)
+        cache = self._ssr_suffix_cache()
         return [] if cache is None else [str(request_id) for request_id in cache.cached_requests
                                          if str(request_id).startswith("ssr-")]
 
     def ssr_evict_responses(self, since: int) -> int:
         """Evict from the suffix method's global cache the responses of this adapter's requests
         numbered `since` or later (vLLM's ids for them: ssr-N-role-xxxxxxxx); returns how many."""
-        cache = getattr(getattr(self.model_runner, "drafter", None), "suffix_cache", None)
+        cache = self._ssr_suffix_cache()
         if cache is None:
             return 0
         evicted = 0
