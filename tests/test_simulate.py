@@ -8,9 +8,12 @@ from dataclasses import asdict
 import pytest
 
 from ssr.costs import Costs, gpu_preset, load_costs
-from ssr.bench.simulate import anchor_to_ar, config_from_dict, replay, simulate, summarise_projection
+from ssr.bench.drafts import DraftBook
+from ssr.bench.simulate import (anchor_to_ar, config_from_dict, format_projection, project_modes, replay, simulate,
+                                summarise_projection)
 from ssr.config import ConfigError, GenerationConfig
 from ssr.decode import Generation
+from ssr.policy import CostModel
 from ssr.engines.fake import FakeEngine
 from ssr.thinking import FORMATS
 
@@ -42,10 +45,11 @@ class SleepyEngine(FakeEngine):
         return self._padded(self.costs.score(len(token_ids)), super().score, seq, token_ids)
 
 
-def bench_row(engine, prompt, mode, item, **overrides) -> dict:
+def bench_row(engine, prompt, mode, item, costs: Costs | None = None, **overrides) -> dict:
     options = dict(mode=mode, thinking_budget=40, draft_at=12, draft_tokens=30, max_tokens=60, policy="fixed")
     options.update(overrides)
-    generation = Generation(engine, FMT, GenerationConfig(**options), prompt)
+    generation = Generation(engine, FMT, GenerationConfig(**options), prompt,
+                            costs=CostModel(table=costs) if costs is not None else None)
     result = generation.run()
     return {"suite": "fake", "item": item, "repeat": 0, "mode": mode, "prompt_ids": list(prompt),
             "cot_ids": result.cot_ids, "forced_ids": result.forced_ids, "answer_ids": result.answer_ids,
@@ -60,9 +64,11 @@ def bench_row(engine, prompt, mode, item, **overrides) -> dict:
 @pytest.mark.parametrize("order", [1, 3])  # order 1 repeats itself: many CoT and answer spans
 def test_replay_reproduces_acceptance(mode, draft_at, order):
     """Without span cutting (it depends on learnt costs) acceptance is replayed exactly: the
-    replay runs the decoding loop itself."""
+    replay runs the decoding loop itself. The run sees the same cost table as the replay (on
+    it ssr's spans go on past the match length)."""
     for item, prompt in enumerate(PROMPTS):
-        row = bench_row(FakeEngine(order=order), prompt, mode, str(item), draft_at=draft_at, adaptive_spans=False)
+        row = bench_row(FakeEngine(order=order), prompt, mode, str(item), gpu_preset(), draft_at=draft_at,
+                        adaptive_spans=False)
         replayed = replay(row, gpu_preset(), config_from_dict(row["config"]), row["answer_prefix_ids"])
         metrics = row["metrics"]
         assert replayed.accepted_prefix_tokens == metrics["accepted_prefix_tokens"]
@@ -86,6 +92,66 @@ def test_replay_seconds_match_an_engine_with_known_costs(spans, adaptive):
     table = summarise_projection(simulate(rows, costs, GenerationConfig(), spans))
     for line in table:
         assert line["abs_error"] < 0.1, line
+
+
+def test_modes_projected_from_ar_rows_replay_as_their_own_rows():
+    """Items run in ar only (long prompts): each other mode is replayed on the ar row's tokens.
+    The peers' projections equal the replays of their real rows (greedy: the same tokens, the
+    same spans); projected rows carry no measured seconds and no draft."""
+    ar_rows, real = [], []
+    for item, prompt in enumerate(PROMPTS):
+        ar_rows.append(bench_row(FakeEngine(order=1), prompt, "ar", str(item)))
+        real += [ar_rows[-1]] + [bench_row(FakeEngine(order=1), prompt, mode, str(item)) for mode in ("suffix", "pld")]
+    projected_rows = project_modes(ar_rows, ["ar", "ssr", "suffix", "pld"])
+    assert [(row["item"], row["mode"]) for row in projected_rows] == \
+        [(str(item), mode) for item in range(len(PROMPTS)) for mode in ("ar", "ssr", "suffix", "pld")]
+    assert all(row["draft_ids"] == [] and row["metrics"]["policy"]["draft"] is False
+               for row in projected_rows if row["mode"] == "ssr")
+    assert project_modes(real, ["suffix"]) == real  # items with their own rows keep them
+    projected = {(p["item"], p["mode"]): p for p in simulate(projected_rows, gpu_preset(), GenerationConfig())}
+    measured = {(p["item"], p["mode"]): p for p in simulate(real, gpu_preset(), GenerationConfig())}
+    for key, line in measured.items():
+        assert projected[key]["modelled_s"] == pytest.approx(line["modelled_s"])
+        assert projected[key]["measured_s"] is None or key[1] == "ar"
+    book = DraftBook(FakeEngine(order=1))  # drafts planned for projected rows are kept in their ar rows
+    simulate(projected_rows, gpu_preset(), GenerationConfig(), drafts=book)
+    assert book.written == sum(len(row["planned_drafts"]) for row in ar_rows) >= 1
+    table = summarise_projection(list(projected.values()))
+    ssr = next(line for line in table if line["mode"] == "ssr")
+    assert ssr["measured_s"] is None and ssr["abs_error"] is None and ssr["modelled_ratio"] < 1.0
+    assert "| ssr | 2 | - |" in format_projection(table, markdown=True)
+
+
+# llama.cpp on 2 cores: a second sequence costs most of a step, a scored token half a step
+CPU = Costs(step_s={1: 0.04, 2: 0.075}, score_s={8: 0.16, 32: 0.6, 128: 2.3}, prefill_token_s=0.015)
+
+
+def test_planned_drafts_are_written_by_the_model_and_replayed():
+    """Rows whose policy declined to draft (CPU costs), projected on GPU costs with drafting
+    re-planned: each planned draft is the model's own greedy child, written once into the row,
+    and replayed (its prefix accepted where the model agrees)."""
+    rows = [bench_row(FakeEngine(order=1), prompt, mode, str(item), CPU, policy="auto", thinking_budget=120)
+            for item, prompt in enumerate(PROMPTS) for mode in ("ar", "ssr")]
+    assert not any(row["metrics"]["stages"] for row in rows)  # no child on the CPU
+    with pytest.raises(ConfigError, match="--record-drafts"):
+        simulate(rows, gpu_preset(), GenerationConfig(), drafts=DraftBook())
+    book = DraftBook(FakeEngine(order=1))
+    first = simulate(rows, gpu_preset(), GenerationConfig(), drafts=book)
+    forked = [line["mode"] for line in first if line["draft_forked"]]
+    assert book.written == len(forked) >= 1 and set(forked) == {"ssr"}
+    for row in rows:
+        for key, draft in row.get("planned_drafts", {}).items():
+            forked_at, num_tokens = map(int, key.split(":"))
+            child = bench_row(FakeEngine(order=1), row["prompt_ids"], "ssr", row["item"], policy="fixed",
+                              draft_at=forked_at, draft_tokens=num_tokens, thinking_budget=120, adaptive_spans=False)
+            assert child["metrics"]["stages"][0]["forked_at"] == forked_at
+            assert 0 < len(child["draft_ids"]) and draft[: len(child["draft_ids"])] == child["draft_ids"]
+    assert sum(line["accepted_prefix"][0] for line in first) > 0
+    again = DraftBook()  # the rows hold their drafts now: nothing to write, the same projection
+    assert simulate(rows, gpu_preset(), GenerationConfig(), drafts=again) == first
+    assert again.read == book.written and again.written == 0
+    recorded = simulate(rows, gpu_preset(), GenerationConfig())  # the runs' own plans: no child
+    assert not any(line["draft_forked"] for line in recorded)
 
 
 def test_gpu_preset_makes_drafting_cheap():

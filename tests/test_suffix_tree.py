@@ -18,10 +18,29 @@ def brute_count(sequences, pattern, max_depth):
     )
 
 
-def brute_propose(sequences, context, max_depth, max_span, span_factor, min_prob):
+def brute_follow(sequences, pattern, limit, min_prob, max_depth, vocab):
+    """The most frequent continuation of pattern (ties: smallest token) while the product of
+    count(path + t) / count(path) stays >= min_prob."""
+    span, probs, prob = [], [], 1.0
+    while len(span) < limit:
+        path = pattern + span
+        counts = {t: brute_count(sequences, path + [t], max_depth) for t in vocab}
+        top = max(counts, key=lambda t: (counts[t], -t))
+        if counts[top] == 0:
+            break
+        prob *= counts[top] / brute_count(sequences, path, max_depth)
+        if prob < min_prob:
+            break
+        span.append(top)
+        probs.append(prob)
+    return span, probs
+
+
+def brute_propose(sequences, context, max_depth, max_span, span_factor, min_prob, extend_prob=None):
     """The proposal rule spelled out with brute-force counts: match lengths L, L - s, ... with
     L the longest suffix found and s = ceil(L / 8) propose; the most expected accepted tokens
-    (sum of probabilities) win, the longer match on ties."""
+    (sum of probabilities) win, the longer match on ties. extend_prob: the winner then follows
+    its continuation up to max_span (within the depth) while its probability stays >= it."""
     vocab = sorted({t for seq in sequences for t in seq})
     best, best_score = ([], [], 0), 0.0
     found = [n for n in range(1, min(len(context), max_depth - 1) + 1)
@@ -33,20 +52,16 @@ def brute_propose(sequences, context, max_depth, max_span, span_factor, min_prob
         if count == 0:
             continue
         limit = min(max_span, int(span_factor * match_len), max_depth - match_len)
-        span, probs, prob = [], [], 1.0
-        while len(span) < limit:
-            path = pattern + span
-            counts = {t: brute_count(sequences, path + [t], max_depth) for t in vocab}
-            top = max(counts, key=lambda t: (counts[t], -t))
-            if counts[top] == 0:
-                break
-            prob *= counts[top] / brute_count(sequences, path, max_depth)
-            if prob < min_prob:
-                break
-            span.append(top)
-            probs.append(prob)
+        span, probs = brute_follow(sequences, pattern, limit, min_prob, max_depth, vocab)
         if span and sum(probs) > best_score:
             best, best_score = (span, probs, match_len), sum(probs)
+    match_len = best[2]
+    if extend_prob is not None and match_len:
+        pattern = list(context[len(context) - match_len:])
+        span, probs = brute_follow(sequences, pattern, min(max_span, max_depth - match_len), extend_prob,
+                                   max_depth, vocab)
+        if len(span) > len(best[0]):
+            best = (span, probs, match_len)
     return best
 
 
@@ -83,9 +98,10 @@ def test_counts_match_oracle(seed):
 
 @pytest.mark.parametrize("seed", range(6))
 @pytest.mark.parametrize("max_depth", [8, 24])  # 24: long matches, candidates strided
-def test_proposals_match_oracle(seed, max_depth):
+@pytest.mark.parametrize("extend_prob", [None, 0.0, 0.2])  # not None: spans past the match length
+def test_proposals_match_oracle(seed, max_depth, extend_prob):
     rng = np.random.default_rng(100 + seed)
-    max_span = int(rng.integers(1, 10))
+    max_span = int(rng.integers(1, 10)) if extend_prob is None else int(rng.integers(8, 20))
     span_factor, min_prob = float(rng.choice([0.5, 1.0, 2.0])), float(rng.choice([0.0, 0.1, 0.4]))
     streams = random_streams(rng, 3, 50, vocab=4)
     tree = SuffixTree(max_depth)
@@ -94,10 +110,22 @@ def test_proposals_match_oracle(seed, max_depth):
     for _ in range(60):
         context = rng.integers(0, 4, size=int(rng.integers(1, 12))).tolist() if max_depth == 8 else \
             streams[0][: int(rng.integers(20, 50))]  # a context copied from a stream: long matches
-        got = tree.propose(context, max_span, span_factor, min_prob)
-        expected = brute_propose(streams, context, max_depth, max_span, span_factor, min_prob)
+        got = tree.propose(context, max_span, span_factor, min_prob, extend_prob)
+        expected = brute_propose(streams, context, max_depth, max_span, span_factor, min_prob, extend_prob)
         assert got[0] == expected[0] and got[2] == expected[2]
         assert got[1] == pytest.approx(expected[1])
+
+
+def test_extended_spans_go_past_the_match_length():
+    text = list(range(40))  # seen once: every continuation is certain
+    tree = SuffixTree(64)
+    tree.add_sequence(text)
+    span, _, match_len = tree.propose([7, 8], max_span=30, span_factor=1.0, min_prob=0.1)
+    assert (span, match_len) == ([9, 10], 2)  # cut to the match length
+    span, _, match_len = tree.propose([7, 8], max_span=30, span_factor=1.0, min_prob=0.1, extend_prob=0.0)
+    assert (span, match_len) == (list(range(9, 39)), 2)  # the same match, followed on to max_span
+    span, _, _ = tree.propose([37, 38], max_span=30, span_factor=1.0, min_prob=0.1, extend_prob=0.0)
+    assert span == [39]  # the end of the text
 
 
 def test_integrity_check_catches_corruption():

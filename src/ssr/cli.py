@@ -77,6 +77,20 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--anchor-ar", action="store_true",
                      help="scale each item's modelled seconds so its ar run matches the measured one (removes "
                           "machine-speed drift between calibration and bench; checks the modes' differences)")
+    sim.add_argument("--project-modes", default="",
+                     help="comma-separated modes to replay from each item's ar row where the bench ran no row of "
+                          "them (items run in ar only: long prompts); projected rows have no measured seconds and "
+                          "no draft")
+    sim.add_argument("--drafts", default="recorded", choices=("recorded", "planned"),
+                     help="recorded: the runs' own drafting; planned: drafting re-planned under the cost model, "
+                          "its drafts read from the rows (planned_drafts) or written by --record-drafts")
+    sim.add_argument("--record-drafts", default=None, metavar="MODEL",
+                     help="write the planned drafts the rows lack with this model (registry name or .gguf; "
+                          "llama.cpp, greedy, untimed); implies --drafts planned")
+    sim.add_argument("--context-size", type=int, default=8192,
+                     help="with --record-drafts: KV cache tokens (default 8192)")
+    sim.add_argument("--save-traces", default=None, metavar="JSONL",
+                     help="write the rows (with the planned drafts) to this file")
     sim.add_argument("--json", action="store_true", help="print the table as JSON")
     sim.add_argument("--markdown", action="store_true", help="print the table as markdown")
 

@@ -29,7 +29,7 @@ from .config import GenerationConfig
 from .draft import Draft
 from .engines.base import Engine
 from .metrics import Metrics, StageClock
-from .policy import CostModel, Plan, PolicyStats, SpanPolicy, plan_request
+from .policy import CostModel, Plan, PolicyStats, SpanPolicy, plan_request, span_extension
 from .proposers import (CompetingProposers, PromptLookupProposer, Proposer, ResponseHistory, SuffixProposer,
                         suffix_peer)
 from .sampling import sample, target_probs
@@ -376,7 +376,9 @@ class Generation(Walk):
         kind = self.config.proposer
         if kind == "suffix" and self.config.uses_draft:  # ssr: suffix tree and n-gram lookup compete
             params = self.config.suffix
-            return CompetingProposers({"suffix": SuffixProposer(params, [self.prompt_ids], self.history),
+            extend = span_extension(self.costs, params.max_span)  # GPUs: suffix spans past the match length
+            self.metrics.engine["suffix_spans"] = "past the match" if extend is not None else "match length"
+            return CompetingProposers({"suffix": SuffixProposer(params, [self.prompt_ids], self.history, extend),
                                        "lookup": PromptLookupProposer(self.prompt_ids, 3, params.max_span)})
         if kind == "suffix":
             return suffix_peer(self.prompt_ids, self.history)

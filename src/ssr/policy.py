@@ -94,6 +94,18 @@ def best_span(accept_probs: Sequence[float], costs: CostModel) -> tuple[int, flo
     return best_len, best_rate
 
 
+CHEAP_SPAN_STEPS = 1.5  # a verify pass over the longest span costing at most this many steps is "cheap"
+
+
+def span_extension(costs: CostModel, max_span: int) -> float | None:
+    """Where verifying max_span tokens costs about one step (GPUs: a pass is memory-bound up to
+    hundreds of tokens), suffix spans go on past their match length along the tree's most
+    frequent continuation (the probability floor it returns, 0.0; SuffixTree.propose_from), and
+    best_span cuts each to what its source's measured acceptance is worth. Elsewhere (a CPU,
+    where a scored token costs up to half a step) None: spans stop at the match length."""
+    return 0.0 if costs.cost(max_span + 1) <= CHEAP_SPAN_STEPS * costs.cost(1) else None
+
+
 @dataclass
 class AcceptanceStats:
     """Measured acceptance of one source's spans as a survival curve S(i): the chance that the
@@ -219,6 +231,8 @@ class PolicyStats:
     answer_s: float = 0.0  # continuation seconds, summed (requests continued by suffix decoding)
     answer_count: int = 0  # continuation answer tokens, summed (same requests)
     window: int = 32  # requests kept for the length medians
+    cot_open_tokens: float = 0.0  # ssr's CoT tokens decoded while no draft child lived (CoT spans on), summed
+    cot_span_accepted: float = 0.0  # of those, accepted from CoT spans, summed
     # span acceptance per phase ("cot", "answer") and source, as the latest request left it: the
     # next request's span policy starts from it (SpanPolicy.carry), not from the prior alone
     spans: dict[str, dict[str, AcceptanceStats]] = field(default_factory=dict)
@@ -232,6 +246,10 @@ class PolicyStats:
         if continued > 0 and metrics.mode in ("ssr", "ssr-suffix", "suffix"):
             self.answer_s += metrics.seconds["continuation"]
             self.answer_count += continued
+        if metrics.mode in ("ssr", "ssr-suffix"):  # the CoT speculation a child's life turns off
+            beside_child = sum(stage["written"] for stage in metrics.stages)
+            self.cot_open_tokens += max(0, metrics.cot_tokens - beside_child)
+            self.cot_span_accepted += metrics.cot_accepted_tokens
         if draft_ids:
             accepted = metrics.accepted_prefix_tokens
             self.drafts += 1
@@ -244,6 +262,11 @@ class PolicyStats:
 
     def expected_answer(self) -> int | None:
         return int(statistics.median(self.answer_tokens)) if self.answer_tokens else None
+
+    @property
+    def cot_span_rate(self) -> float:
+        """Share of CoT tokens accepted from spans while no child lived (0 until measured)."""
+        return self.cot_span_accepted / self.cot_open_tokens if self.cot_open_tokens else 0.0
 
     @property
     def used_fraction(self) -> float:
@@ -322,28 +345,29 @@ def plan_request(config: GenerationConfig, costs: CostModel, stats: PolicyStats)
     waste_s = expected_verify_s(draft_tokens, chunk, stats.accept_rate, costs) - \
         min(stats.accept_rate / (1 - stats.accept_rate), draft_tokens) * scored_s  # passes over rejected tokens
     fork_s = costs.cost(4)  # forcing the end marker on the child
-    gain_s = draft_tokens * (used * saved_s - batched_s) - max(0.0, waste_s) - fork_s
+    # 3. when: late enough to see most of the CoT, early enough to finish m tokens before it ends
+    expected_cot = stats.expected_cot(config.thinking_budget)
+    first = config.draft_at if expected_cot is None else max(expected_cot // 4, expected_cot - draft_tokens)
+    first = min(first, config.thinking_budget - 1)
+    # 4. while the child lives the parent's CoT is decoded without spans: what they would have saved
+    beside_child = min(draft_tokens, max(0, (expected_cot or config.thinking_budget) - first))
+    cot_spans_s = beside_child * stats.cot_span_rate * max(0.0, costs.step(1) - scored_s)
+    gain_s = draft_tokens * (used * saved_s - batched_s) - max(0.0, waste_s) - fork_s - cot_spans_s
     explain = {
         "policy": "auto",
         "run": "batched" if gain_s > 0 else "none",
         "predicted_s": {"step_1": costs.step(1), "step_2": costs.step(2), "per_draft_token_batched": batched_s,
                         "per_draft_token_verified": scored_s, "per_answer_token_without_draft": answer_s,
-                        "verify_waste": max(0.0, waste_s), "fork": fork_s, "net_gain_per_draft": gain_s},
-        "used_fraction": used, "accept_rate": stats.accept_rate,
+                        "verify_waste": max(0.0, waste_s), "fork": fork_s, "cot_spans_lost": cot_spans_s,
+                        "net_gain_per_draft": gain_s},
+        "used_fraction": used, "accept_rate": stats.accept_rate, "cot_span_rate": stats.cot_span_rate,
     }
     if gain_s <= 0:
         explain["reason"] = (
             f"no draft: a draft token costs {batched_s * 1e3:.1f} ms batched, a used one saves "
-            f"{saved_s * 1e3:.1f} ms and {used:.0%} are used -> {gain_s:+.2f} s per draft; "
-            "suffix decoding from prompt + CoT only")
+            f"{saved_s * 1e3:.1f} ms and {used:.0%} are used, CoT spans lost beside the child "
+            f"{cot_spans_s:.2f} s -> {gain_s:+.2f} s per draft; suffix decoding from prompt + CoT only")
         return Plan(draft=False, stages=(), draft_tokens=draft_tokens, verify_chunk=chunk, explain=explain)
-    # 3. when: late enough to see most of the CoT, early enough to finish m tokens before it ends
-    expected_cot = stats.expected_cot(config.thinking_budget)
-    if expected_cot is None:
-        first = config.draft_at
-    else:
-        first = max(expected_cot // 4, expected_cot - draft_tokens)
-    first = min(first, config.thinking_budget - 1)
     stages = stage_budgets(first, config.draft_interval, config.thinking_budget)
     explain["expected_cot_tokens"] = expected_cot
     explain["reason"] = (

@@ -193,8 +193,9 @@ class SuffixProposer(_OneSource):
     MATCH_BUCKETS = (4, 8, 16)  # a span's source names its match length: suffix/<4, /4-7, /8-15, /16+
 
     def __init__(self, params: SuffixParams, seeds: Sequence[Sequence[int]],
-                 history: ResponseHistory | None = None) -> None:
+                 history: ResponseHistory | None = None, extend_prob: float | None = None) -> None:
         self.params = params
+        self.extend_prob = extend_prob  # not None: spans go on past the match length (SuffixTree.propose_from)
         self.tree = SuffixTree(params.max_depth)  # this request: seeds and the live output
         for seed in seeds:
             self.tree.add_sequence(seed)
@@ -226,9 +227,9 @@ class SuffixProposer(_OneSource):
         tree when it expects more tokens."""
         limit = min(max_tokens, self.params.max_span)
         factor, min_prob = self.params.span_factor, self.params.min_prob
-        best = self.tree.propose_from(self.tree.suffix_nodes(self._live), limit, factor, min_prob)
+        best = self.tree.propose_from(self.tree.suffix_nodes(self._live), limit, factor, min_prob, self.extend_prob)
         if self.history is not None:
-            other = self.history.propose_from(self._history_nodes, limit, factor, min_prob)
+            other = self.history.propose_from(self._history_nodes, limit, factor, min_prob, self.extend_prob)
             if sum(other[1]) > sum(best[1]):
                 best = other
         return best

@@ -108,13 +108,15 @@ class SuffixTree:
         return nodes
 
     def propose(
-        self, context: Sequence[int], max_span: int, span_factor: float, min_prob: float
+        self, context: Sequence[int], max_span: int, span_factor: float, min_prob: float,
+        extend_prob: float | None = None,
     ) -> tuple[list[int], list[float], int]:
         """`propose_from` the context's suffixes."""
-        return self.propose_from(self.match(context), max_span, span_factor, min_prob)
+        return self.propose_from(self.match(context), max_span, span_factor, min_prob, extend_prob)
 
     def propose_from(
-        self, nodes: list[_Node | None], max_span: int, span_factor: float, min_prob: float
+        self, nodes: list[_Node | None], max_span: int, span_factor: float, min_prob: float,
+        extend_prob: float | None = None,
     ) -> tuple[list[int], list[float], int]:
         """Span to verify after a context whose suffixes are at `nodes` (by length), the
         estimated probability that each prefix of it is right, and the length of the suffix
@@ -128,6 +130,10 @@ class SuffixTree:
         sum of its probabilities) wins, the longer match on ties (as ArcticInference scores its
         candidates): a long match near the depth limit leaves room for one token only, a
         shorter one for a long span.
+
+        extend_prob (engines where verifying dozens of tokens costs about one step): the winning
+        span is then followed on beyond span_factor * match length, up to max_span and the depth
+        limit, while its probability stays >= extend_prob (the match is chosen as without it).
         """
         longest = min(len(nodes) - 1, self.max_depth - 1)
         while longest > 0 and nodes[longest] is None:
@@ -142,6 +148,11 @@ class SuffixTree:
             span, probs = _follow(node, limit, min_prob)
             if span and sum(probs) > best_score:
                 best, best_score = (span, probs, match_len), sum(probs)
+        match_len = best[2]
+        if extend_prob is not None and match_len:
+            span, probs = _follow(nodes[match_len], min(max_span, self.max_depth - match_len), extend_prob)
+            if len(span) > len(best[0]):
+                best = (span, probs, match_len)
         return best
 
     def check_integrity(self) -> None:

@@ -38,14 +38,20 @@ def build_report(rows: list[dict], out_dir: Path, data_dir: Path | None, note: s
     return write_report(rows, out_dir, note)
 
 
+def _modes(text: str, flag: str) -> list[str]:
+    """A comma-separated list of known modes, or a clear error naming the flag."""
+    modes = [m.strip() for m in text.split(",") if m.strip()]
+    unknown = [m for m in modes if m not in MODES]
+    if unknown or not modes:
+        raise ConfigError(f"{flag}: unknown {', '.join(unknown) or 'empty list'}; choose from {', '.join(MODES)}")
+    return modes
+
+
 def cmd_bench(args: argparse.Namespace, config: GenerationConfig, model_loader) -> int:
     from .runner import run_bench
     from .suites import load_suite
 
-    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
-    unknown = [m for m in modes if m not in MODES]
-    if unknown or not modes:
-        raise ConfigError(f"--modes: unknown {', '.join(unknown) or 'empty list'}; choose from {', '.join(MODES)}")
+    modes = _modes(args.modes, "--modes")
     if args.limit < 1 or args.repeats < 1:
         raise ConfigError("--limit and --repeats must be >= 1")
     for mode in modes:
@@ -143,13 +149,24 @@ def cmd_calibrate(args: argparse.Namespace, model_loader) -> int:
 
 def cmd_simulate(args: argparse.Namespace) -> int:
     from ..costs import load_costs
-    from .simulate import anchor_to_ar, format_projection, simulate, summarise_projection
+    from .drafts import DraftBook
+    from .simulate import anchor_to_ar, format_projection, project_modes, simulate, summarise_projection
 
     costs = load_costs(args.cost_model)
     rows = [r for r in _rows_at([Path(p) for p in args.traces]) if r.get("config", {}).get("sampling", {}).get("temperature", 0) == 0]
     if not rows:
         raise ConfigError("no greedy rows to replay (traces replay only under greedy decoding)")
-    projected = simulate(rows, costs, GenerationConfig(), args.spans)
+    if args.project_modes:
+        rows = project_modes(rows, _modes(args.project_modes, "--project-modes"))
+    drafts = None
+    if args.drafts == "planned" or args.record_drafts:
+        drafts = DraftBook(_draft_engine(args.record_drafts, args.context_size) if args.record_drafts else None)
+    projected = simulate(rows, costs, GenerationConfig(), args.spans, drafts, progress=bool(args.record_drafts))
+    if args.save_traces:
+        _write_rows(Path(args.save_traces), rows)
+    if drafts is not None:
+        print(f"planned drafts: {drafts.read} read from the rows, {drafts.written} written by the model",
+              file=sys.stderr)
     if args.anchor_ar:
         projected = anchor_to_ar(projected)
     table = summarise_projection(projected)
@@ -159,3 +176,19 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         print(f"cost model: {costs.source}; spans: {args.spans}" + ("; anchored to each item's ar" if args.anchor_ar else ""))
         print(format_projection(table, markdown=args.markdown))
     return 0
+
+
+def _draft_engine(model: str, context_size: int):
+    """The llama.cpp engine of the rows' model, to write planned drafts (untimed)."""
+    from ..engines.llamacpp import LlamaCppEngine
+    from ..models import resolve_model
+
+    return LlamaCppEngine(resolve_model(model), context_size=context_size)
+
+
+def _write_rows(path: Path, rows: list[dict]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", encoding="utf-8") as out:
+        for row in rows:
+            if not row.get("projected"):  # made by --project-modes: not a run
+                out.write(json.dumps(row) + "\n")

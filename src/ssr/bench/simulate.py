@@ -16,13 +16,15 @@ from __future__ import annotations
 
 import statistics
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 from ..config import GenerationConfig, SamplingParams, SuffixParams
 from ..costs import Costs
 from ..decode import Generation
-from ..policy import CostModel, Plan, PolicyStats, fixed_plan
+from ..policy import CostModel, Plan, PolicyStats, fixed_plan, plan_request
 from ..proposers import ResponseHistory
+from .drafts import DraftBook
 from .replay import REPLAY_FORMAT, RecordedSpans, ReplayEngine, RowModel
 from .report import group_name, render_table
 
@@ -34,6 +36,7 @@ class Replay:
     suffix_accepted_tokens: int = 0
     cot_accepted_tokens: int = 0
     answer_tokens: int = 0
+    draft_forked: int = 0  # draft children forked
 
     @property
     def total_s(self) -> float:
@@ -42,32 +45,46 @@ class Replay:
 
 def replay(row: dict, costs: Costs, config: GenerationConfig, answer_prefix_ids: list[int],
            spans: str = "policy", forced_end_ids: list[int] | None = None,
-           history: ResponseHistory | None = None, stats: PolicyStats | None = None) -> Replay:
+           history: ResponseHistory | None = None, stats: PolicyStats | None = None,
+           drafts: DraftBook | None = None) -> Replay:
     """Modelled seconds of one bench row under `costs` (its own mode, greedy); `history`: the
     earlier rows' responses, as the bench gave them to this row's mode; `stats`: what the
-    engine's earlier rows taught the policy (span acceptance), as the bench's model kept it."""
+    engine's earlier rows taught the policy (span acceptance), as the bench's model kept it.
+    drafts: drafting re-planned under `costs`, its drafts from this book (else: the run's plan)."""
     config = replace(config, mode=row["mode"], sampling=SamplingParams())
     metrics = row["metrics"]
-    plan = _row_plan(row, config)
+    stats = stats if stats is not None else PolicyStats()
+    plan = _row_plan(row, config) if drafts is None else plan_request(config, CostModel(table=costs), stats)
     model = RowModel(
         prompt_ids=row["prompt_ids"], cot_ids=row["cot_ids"], answer_ids=row["answer_ids"],
         forced_end_ids=forced_end_ids if forced_end_ids is not None else _forced_end(row, answer_prefix_ids),
         answer_prefix_ids=answer_prefix_ids, draft_ids=row["draft_ids"] if plan.draft else [],
         draft_forked_at=(metrics.get("stages") or [{}])[-1].get("forked_at", plan.stages[-1] if plan.stages else None),
         cot_end=metrics["cot_end"], stop=metrics["stop"], repetition_stop=config.repetition_stop)
+    if drafts is not None:
+        model = _with_planned_draft(row, model, plan, drafts)
     engine = ReplayEngine(model, costs)
     proposer = None
     if spans == "recorded":
         config = replace(config, adaptive_spans=False)
         proposer = RecordedSpans(row.get("trace", []), engine) if config.proposer else None
     generation = Generation(engine, REPLAY_FORMAT, config, row["prompt_ids"], costs=CostModel(table=costs),
-                            stats=stats if stats is not None else PolicyStats(), proposer=proposer, plan=plan,
-                            history=history)
+                            stats=stats, proposer=proposer, plan=plan, history=history)
     result = generation.run()
     done = result.metrics
     return Replay(seconds=defaultdict(float, done.seconds), accepted_prefix_tokens=done.accepted_prefix_tokens,
                   suffix_accepted_tokens=done.suffix_accepted_tokens, cot_accepted_tokens=done.cot_accepted_tokens,
-                  answer_tokens=done.answer_tokens)
+                  answer_tokens=done.answer_tokens, draft_forked=len(done.stages))
+
+
+def _with_planned_draft(row: dict, model: RowModel, plan: Plan, drafts: DraftBook) -> RowModel:
+    """The row's model with the draft of the plan's last stage (none where the plan forks no
+    child or the CoT ends before the fork)."""
+    if not plan.draft or not plan.stages or plan.stages[-1] >= len(model.cot_ids):
+        return replace(model, draft_ids=[], draft_forked_at=None)
+    forked_at = plan.stages[-1]
+    context = model.prompt_ids + model.cot_ids[:forked_at] + model.forced_end_ids + model.answer_prefix_ids
+    return replace(model, draft_ids=drafts.draft(row, context, forked_at, plan.draft_tokens), draft_forked_at=forked_at)
 
 
 def _row_plan(row: dict, config: GenerationConfig) -> Plan:
@@ -114,8 +131,37 @@ def forced_end_of(rows: list[dict], answer_prefix_ids: list[int]) -> list[int] |
     return None
 
 
-def simulate(rows: list[dict], costs: Costs, config: GenerationConfig, spans: str = "policy") -> list[dict]:
-    """Per row: measured and modelled seconds; rows must come from greedy runs."""
+def project_modes(rows: list[dict], modes: Sequence[str]) -> list[dict]:
+    """The rows, each `ar` row followed by copies of it as `modes` (where the item has no row of
+    that mode): for items a bench ran in `ar` only, because every mode on them would take hours
+    here (LongProc html_to_tsv's ~15k-token prompts on a CPU). Under greedy decoding every mode
+    writes the ar row's tokens, so the replay runs each mode's real loop on them. A projected
+    row has no measured seconds, and no draft (none was recorded): it projects spans only."""
+    have = {(row.get("engine"), row["suite"], row["item"], row["repeat"], row["mode"]) for row in rows}
+    out = []
+    for row in rows:
+        out.append(row)
+        if row["mode"] != "ar":
+            continue
+        row.setdefault("planned_drafts", {})  # shared with the projected rows: drafts written for them stay here
+        for mode in modes:
+            if mode == "ar" or (row.get("engine"), row["suite"], row["item"], row["repeat"], mode) in have:
+                continue
+            config = dict(row["config"], mode=mode)
+            no_draft = {"draft": False, "stages": [], "draft_tokens": config["draft_tokens"],
+                        "verify_chunk": config["verify_chunk"],
+                        "explain": {"reason": "projected from the ar row: no draft was recorded"}}
+            metrics = dict(row["metrics"], mode=mode, total_s=None, policy=no_draft, stages=[])
+            out.append(dict(row, mode=mode, config=config, metrics=metrics, draft_ids=[], trace=[], projected=True))
+    return out
+
+
+def simulate(rows: list[dict], costs: Costs, config: GenerationConfig, spans: str = "policy",
+             drafts: DraftBook | None = None, progress: bool = False) -> list[dict]:
+    """Per row: measured and modelled seconds; rows must come from greedy runs. drafts: drafting
+    re-planned under `costs`, drafts from the book (it writes missing ones into the rows)."""
+    from tqdm import tqdm
+
     by_suite: dict[str, list[dict]] = defaultdict(list)
     for row in rows:
         by_suite[group_name(row)].append(row)
@@ -124,16 +170,18 @@ def simulate(rows: list[dict], costs: Costs, config: GenerationConfig, spans: st
     histories: dict[tuple, ResponseHistory] = defaultdict(ResponseHistory)  # as the bench kept them
     learnt: dict[str, PolicyStats] = defaultdict(PolicyStats)  # per engine: one model's stats, all its rows
     out = []
-    for row in rows:  # in the bench's order: each row's history holds the rows before it
+    for row in tqdm(rows, unit="row", disable=not progress, dynamic_ncols=True):  # in the bench's order:
+        # each row's history holds the rows before it
         suite = group_name(row)
         row_config = config_from_dict(row["config"]) if isinstance(row.get("config"), dict) else config
         # rows since the response history record how many responses they could copy from
         history = histories[(row.get("engine"), row["mode"], row["repeat"])] if "history_responses" in row else None
         result = replay(row, costs, row_config, prefixes[suite], spans, forced_ends[suite], history,
-                        learnt[row.get("engine")])
+                        learnt[row.get("engine")], drafts)
         out.append({"suite": suite, "item": row["item"], "repeat": row["repeat"], "mode": row["mode"],
                     "measured_s": row["metrics"]["total_s"], "modelled_s": result.total_s,
                     "modelled_stages": dict(result.seconds),
+                    "draft_forked": bool(result.draft_forked),
                     "accepted_prefix": (result.accepted_prefix_tokens, row["metrics"]["accepted_prefix_tokens"]),
                     "suffix_accepted": (result.suffix_accepted_tokens, row["metrics"]["suffix_accepted_tokens"])})
     return out
@@ -165,23 +213,29 @@ def summarise_projection(projected: list[dict]) -> list[dict]:
     for (suite, mode), group in sorted(groups.items()):
         pairs = [(p, ar.get((p["suite"], p["item"], p["repeat"]))) for p in group]
         modelled_ratio = [p["modelled_s"] / base["modelled_s"] for p, base in pairs if base]
-        measured_ratio = [p["measured_s"] / base["measured_s"] for p, base in pairs if base]
+        measured_ratio = [p["measured_s"] / base["measured_s"] for p, base in pairs
+                          if base and p["measured_s"] is not None]
+        measured = [p for p in group if p["measured_s"] is not None]  # projected rows have none
         table.append({
             "suite": suite, "mode": mode, "runs": len(group),
-            "measured_s": statistics.median(p["measured_s"] for p in group),
+            "measured_s": statistics.median(p["measured_s"] for p in measured) if measured else None,
             "modelled_s": statistics.median(p["modelled_s"] for p in group),
-            "abs_error": statistics.median(abs(p["modelled_s"] / p["measured_s"] - 1) for p in group),
+            "abs_error": statistics.median(abs(p["modelled_s"] / p["measured_s"] - 1) for p in measured)
+            if measured else None,
             "measured_ratio": statistics.median(measured_ratio) if measured_ratio else None,
             "modelled_ratio": statistics.median(modelled_ratio) if modelled_ratio else None,
+            "drafts": sum(p.get("draft_forked", False) for p in group),  # rows whose replay forked a child
+            "accepted_prefix": statistics.mean(p["accepted_prefix"][0] for p in group),  # modelled, per row
         })
     return table
 
 
 def format_projection(table: list[dict], markdown: bool = False) -> str:
     columns = ["suite", "mode", "runs", "measured s", "modelled s", "median abs error", "measured ratio",
-               "modelled ratio"]
-    lines = [[t["suite"], t["mode"], str(t["runs"]), f"{t['measured_s']:.2f}", f"{t['modelled_s']:.2f}",
-              f"{100 * t['abs_error']:.1f}%",
+               "modelled ratio", "drafts", "prefix accepted"]
+    lines = [[t["suite"], t["mode"], str(t["runs"]), "-" if t["measured_s"] is None else f"{t['measured_s']:.2f}",
+              f"{t['modelled_s']:.2f}", "-" if t["abs_error"] is None else f"{100 * t['abs_error']:.1f}%",
               "-" if t["measured_ratio"] is None else f"{t['measured_ratio']:.3f}",
-              "-" if t["modelled_ratio"] is None else f"{t['modelled_ratio']:.3f}"] for t in table]
+              "-" if t["modelled_ratio"] is None else f"{t['modelled_ratio']:.3f}",
+              str(t["drafts"]), f"{t['accepted_prefix']:.1f}"] for t in table]
     return render_table(columns, lines, markdown)
