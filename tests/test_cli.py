@@ -55,6 +55,7 @@ BAD_INPUT = [
     (["simulate", "--traces", "/no/such/folder"], "no bench rows at /no/such/folder"),
     (["simulate", "--traces", "/etc", "--cost-model", "/no/costs.json"], "cannot read cost model"),
     (["simulate"], "the following arguments are required: --traces"),
+    (["simulate", "--traces", "/etc", "--project-modes", "ssr,fast"], "--project-modes: unknown fast"),
     (["calibrate", "--repeats", "0"], "--repeats must be >= 1"),
     (["calibrate", "--context-tokens", "4"], "--context-tokens must be in 8.."),
     (["serve", "--port", "0"], "--port must be in 1..65535"),
@@ -152,3 +153,12 @@ def test_bench_smoke_report_simulate_calibrate(tmp_path):
         code, stdout, err = run_cli("simulate", "--traces", str(out), "--cost-model", model)
         assert code == 0, err
         assert re.search(r"humaneval\s+ssr\s+1\s", stdout), stdout
+    # drafts the GPU plan forks, written by the rows' model (untimed) and kept; modes projected from ar
+    saved = tmp_path / "with-drafts.jsonl"
+    code, stdout, err = run_cli("simulate", "--traces", str(out), "--record-drafts", FAST[FAST.index("--model") + 1],
+                                "--save-traces", str(saved), "--project-modes", "suffix,pld")
+    assert code == 0 and "planned drafts:" in err, err
+    assert re.search(r"humaneval\s+suffix\s+1\s+-\s", stdout), stdout  # projected: nothing measured
+    assert [json.loads(line)["mode"] for line in saved.read_text().splitlines()] == ["ar", "ssr"]
+    code, stdout, err = run_cli("simulate", "--traces", str(saved), "--drafts", "planned")
+    assert code == 0 and "0 written by the model" in err, err

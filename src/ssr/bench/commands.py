@@ -152,18 +152,23 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     from .drafts import DraftBook
     from .simulate import anchor_to_ar, format_projection, project_modes, simulate, summarise_projection
 
+    project = _modes(args.project_modes, "--project-modes") if args.project_modes else []
     costs = load_costs(args.cost_model)
     rows = [r for r in _rows_at([Path(p) for p in args.traces]) if r.get("config", {}).get("sampling", {}).get("temperature", 0) == 0]
     if not rows:
         raise ConfigError("no greedy rows to replay (traces replay only under greedy decoding)")
-    if args.project_modes:
-        rows = project_modes(rows, _modes(args.project_modes, "--project-modes"))
+    if project:
+        rows = project_modes(rows, project)
     drafts = None
     if args.drafts == "planned" or args.record_drafts:
+        if args.context_size < 64:
+            raise ConfigError(f"--context-size must be >= 64, got {args.context_size}")
         drafts = DraftBook(_draft_engine(args.record_drafts, args.context_size) if args.record_drafts else None)
-    projected = simulate(rows, costs, GenerationConfig(), args.spans, drafts, progress=bool(args.record_drafts))
-    if args.save_traces:
-        _write_rows(Path(args.save_traces), rows)
+    try:
+        projected = simulate(rows, costs, GenerationConfig(), args.spans, drafts, progress=bool(args.record_drafts))
+    finally:  # drafts written before an error (Ctrl-C, a missing draft) are kept
+        if args.save_traces:
+            _write_rows(Path(args.save_traces), rows)
     if drafts is not None:
         print(f"planned drafts: {drafts.read} read from the rows, {drafts.written} written by the model",
               file=sys.stderr)
