@@ -9,7 +9,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from ..config import MODES, ConfigError, GenerationConfig
-from ..engines import ENGINES
+from ..engines import ENGINES, load_engine
 from .report import (attach_quality, drafting_table, format_drafting, format_table, load_rows, summarise,
                      write_report)
 
@@ -163,7 +163,10 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     if args.drafts == "planned" or args.record_drafts:
         if args.context_size < 64:
             raise ConfigError(f"--context-size must be >= 64, got {args.context_size}")
-        drafts = DraftBook(_draft_engine(args.record_drafts, args.context_size) if args.record_drafts else None)
+        # the rows' model on llama.cpp, to write the planned drafts they lack (untimed)
+        engine = load_engine(args.record_drafts, "llama.cpp", context_size=args.context_size) \
+            if args.record_drafts else None
+        drafts = DraftBook(engine)
     try:
         projected = simulate(rows, costs, GenerationConfig(), args.spans, drafts, progress=bool(args.record_drafts))
     finally:  # drafts written before an error (Ctrl-C, a missing draft) are kept
@@ -181,14 +184,6 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         print(f"cost model: {costs.source}; spans: {args.spans}" + ("; anchored to each item's ar" if args.anchor_ar else ""))
         print(format_projection(table, markdown=args.markdown))
     return 0
-
-
-def _draft_engine(model: str, context_size: int):
-    """The llama.cpp engine of the rows' model, to write planned drafts (untimed)."""
-    from ..engines.llamacpp import LlamaCppEngine
-    from ..models import resolve_model
-
-    return LlamaCppEngine(resolve_model(model), context_size=context_size)
 
 
 def _write_rows(path: Path, rows: list[dict]) -> None:
