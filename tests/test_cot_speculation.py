@@ -16,10 +16,16 @@ PROMPTS = [[ord(c) for c in text] for text in ("Please complete the class Stack.
 BANNED = [ord(c) for c in "`e"]
 
 
-def run(mode, prompt, order, **overrides):
+class OnePerPassEngine(FakeEngine):
+    """The fake engine without score_batch: a child's step and a CoT span cannot share a pass."""
+
+    score_batch = None
+
+
+def run(mode, prompt, order, shared=True, **overrides):
     options = dict(mode=mode, thinking_budget=120, draft_at=40, draft_tokens=20, max_tokens=60, policy="fixed")
     options.update(overrides)
-    engine = FakeEngine(order=order)
+    engine = (FakeEngine if shared else OnePerPassEngine)(order=order)
     result = Generation(engine, FMT, GenerationConfig(**options), prompt, banned_ids=BANNED).run()
     assert engine.live_sequences() == 0
     return result
@@ -43,7 +49,26 @@ def test_cot_spans_keep_greedy_identity(mode, order, prompt, stages):
         plain = run("ssr-prefix", PROMPTS[prompt], order, draft_at=draft_at, draft_interval=interval)
         assert [stage["forked_at"] for stage in got.metrics.stages] == \
             [stage["forked_at"] for stage in plain.metrics.stages]
-        assert got.draft_ids == plain.draft_ids
+        # spans beside the child: the CoT ends in fewer passes, the child writes a step per pass
+        assert got.draft_ids == plain.draft_ids[: len(got.draft_ids)]
+        apart = run(mode, PROMPTS[prompt], order, shared=False, draft_at=draft_at, draft_interval=interval,
+                    adaptive_spans=False)
+        assert (apart.cot_ids, apart.answer_ids, apart.draft_ids) == (expected.cot_ids, expected.answer_ids,
+                                                                     plain.draft_ids)
+        assert apart.metrics.shared_passes == 0 and not apart.metrics.spans_beside_child
+
+
+def test_cot_spans_go_on_beside_a_living_child():
+    """One pass carries the parent's span and the child's step: the child writes exactly one
+    token per CoT pass or step while it lives, and the output is plain decoding's."""
+    expected = run("ar", PROMPTS[1], 1)
+    got = run("ssr", PROMPTS[1], 1, draft_at=10, draft_tokens=30, adaptive_spans=False)
+    assert (got.cot_ids, got.answer_ids) == (expected.cot_ids, expected.answer_ids)
+    stage = got.metrics.stages[0]
+    assert got.metrics.spans_beside_child and got.metrics.shared_passes > 0
+    assert stage["written"] == got.metrics.shared_passes + got.metrics.batched_steps
+    apart = run("ssr", PROMPTS[1], 1, shared=False, draft_at=10, draft_tokens=30, adaptive_spans=False)
+    assert apart.metrics.cot_passes < got.metrics.cot_passes  # none while the child lived
 
 
 @pytest.mark.parametrize("budget", [1, 2, 7, 33])

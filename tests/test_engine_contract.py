@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from ssr.engines import EngineError, load_engine
+from ssr.engines.base import shares_passes
 
 TEXT = "def area(radius):\n    return 3.14159 * radius ** 2\n# compute the area of circles, then print\n" * 60
 
@@ -88,6 +89,31 @@ def test_batched_score_and_truncate_are_bit_identical_to_solo_steps(engine):
     got = np.stack(got)
     differing = np.nonzero(np.abs(got - expected).max(axis=1))[0]
     assert differing.size == 0, f"rows {differing[:10].tolist()} differ, max {np.abs(got - expected).max():.3g}"
+
+
+def test_shared_pass_is_bit_identical_to_separate_passes(engine):
+    """score_batch: a parent's k-token pass and a child's step in one forward pass give the
+    logits they give apart (the loop verifies CoT spans beside a living child this way)."""
+    if not shares_passes(engine):
+        pytest.skip("the engine feeds one sequence per pass")
+    prompt, fed = tokens(engine, 0, 520), tokens(engine, 520, 40)
+    expected = solo_steps(engine, prompt, fed)  # [40, vocab]
+    seq = engine.prefill(prompt)
+    child = engine.fork(seq)
+    engine.score(child, fed[:5])
+    child_alone = engine.score(child, fed[5:6])  # [1, vocab]
+    engine.truncate(child, 525)
+    parent_rows, child_rows = engine.score_batch([(seq, fed[:24]), (child, fed[5:6])])
+    assert parent_rows.shape == (24, engine.vocab_size) and child_rows.shape == (1, engine.vocab_size)
+    assert engine.length(seq) == 544 and engine.length(child) == 526
+    steps = engine.score_batch([(seq, fed[24:25]), (child, fed[6:7])])[0]  # one token each, as a step
+    rest = engine.score_batch([(seq, fed[25:]), (child, fed[7:8])])[0]
+    engine.release(child)
+    engine.release(seq)
+    got = np.concatenate([parent_rows, steps, rest])
+    differing = np.nonzero(np.abs(got - expected).max(axis=1))[0]
+    assert differing.size == 0, f"rows {differing[:10].tolist()} differ, max {np.abs(got - expected).max():.3g}"
+    assert np.array_equal(child_rows, child_alone)
 
 
 def test_release_frees_sequences(engine):

@@ -6,7 +6,9 @@ from ssr.config import GenerationConfig
 from ssr.costs import Costs, gpu_preset
 from ssr.decode import Generation
 from ssr.engines.fake import FakeEngine
-from ssr.policy import CostModel
+from ssr.costs import CostModel
+from ssr.spans import span_extension
+from ssr.proposers import request_proposer
 from ssr.thinking import FORMATS
 
 FMT = FORMATS["code"]
@@ -24,8 +26,12 @@ def generation(mode, prompt, order, costs, **overrides):
 
 @pytest.mark.parametrize("costs, extended", [(gpu_preset(), True), (CPU, False)])
 def test_spans_go_past_the_match_length_only_where_verifying_them_is_cheap(costs, extended):
-    suffix = generation("ssr", PROMPTS[0], 1, costs)._make_proposer().proposers["suffix"]
+    config = GenerationConfig(mode="ssr")
+    suffix = request_proposer(config, span_extension(CostModel(table=costs), config.suffix.max_span),
+                              PROMPTS[0], None).proposers["suffix"]
     assert (suffix.extend_prob is not None) == extended
+    ran = generation("ssr", PROMPTS[0], 1, costs).run()
+    assert ran.metrics.engine["suffix_spans"] == ("past the match" if extended else "match length")
 
 
 @pytest.mark.parametrize("order", [1, 2])

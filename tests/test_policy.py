@@ -1,7 +1,8 @@
 """Span length from engine costs: tables with hand-set costs."""
 import pytest
 
-from ssr.policy import AcceptanceStats, CostModel, best_span_length
+from ssr.costs import CostModel
+from ssr.spans import AcceptanceStats, best_span_length
 
 GPU_LIKE = CostModel(step_s=0.020, token_s=0.0002)  # a pass of k tokens ~ one step
 CPU_LIKE = CostModel(step_s=0.050, token_s=0.020)  # every scored token costs 0.4 step
@@ -98,6 +99,31 @@ def test_plan_learns_when_to_fork_and_how_long_to_draft():
     assert multi.stages == (350, 450, 550, 650, 750, 850, 950)
 
 
+def test_plan_prices_cot_spans_a_child_turns_off_unless_passes_are_shared():
+    """Where CoT spans accept half the CoT, a child that turns them off for its life loses; an
+    engine that verifies the spans and steps the child in one pass loses nothing, and forks
+    earlier (the CoT takes fewer passes, the child writes one token per pass)."""
+    stats = PolicyStats(cot_open_tokens=1000.0, cot_span_accepted=500.0)
+    for cot, answer in [(400, 120), (500, 150), (600, 200)]:
+        stats.cot_tokens.append(cot)
+        stats.answer_tokens.append(answer)
+    apart = plan_request(CONFIG, CostModel(table=gpu_preset()), stats)
+    assert not apart.draft and apart.explain["predicted_s"]["cot_spans_lost"] > 0
+    shared = plan_request(CONFIG, CostModel(table=gpu_preset()), stats, spans_beside_child=True)
+    assert shared.draft and shared.explain["predicted_s"]["cot_spans_lost"] == 0
+    assert shared.explain["cot_tokens_per_pass"] == pytest.approx(2.0)
+    assert shared.stages == (max(500 // 4, 500 - 2 * 150),)
+    observed = PolicyStats()
+    metrics = type("M", (), dict(cot_tokens=300, answer_tokens=50, accepted_prefix_tokens=0, mode="ssr",
+                                 seconds={"continuation": 1.0}, cot_accepted_tokens=90, spans_beside_child=True,
+                                 stages=[{"written": 100}]))
+    observed.observe(metrics, [], [], [])
+    assert observed.cot_span_rate == pytest.approx(0.3)  # every CoT token had spans on
+    metrics.spans_beside_child = False
+    observed.observe(metrics, [], [], [])
+    assert observed.cot_span_rate == pytest.approx(180 / 500)  # the child's 100 tokens had none
+
+
 def test_fixed_policy_and_plain_modes_follow_the_flags():
     fixed = plan_request(GenerationConfig(mode="ssr", policy="fixed", draft_at=10, draft_interval=20,
                                           thinking_budget=60), CostModel(table=SMOL_LLAMA_CPU), PolicyStats())
@@ -174,7 +200,7 @@ def test_engine_costs_are_measured_once_then_rescaled(tmp_path, monkeypatch):
 
 
 def test_span_cut_follows_each_sources_measured_acceptance():
-    from ssr.policy import SpanPolicy
+    from ssr.spans import SpanPolicy
 
     policy = SpanPolicy(CPU_LIKE)
     assert len(policy.cut([1] * 20, "new")) > 0  # optimistic prior: a new source is tried
@@ -188,7 +214,7 @@ def test_span_cut_follows_each_sources_measured_acceptance():
 def test_span_guard_stops_spans_that_lose_time_and_keeps_exploring():
     """Passes that cost more than the plain steps they replace turn spans off (one proposal
     in explore_every still verified); passes that gain keep them on."""
-    from ssr.policy import SpanPolicy
+    from ssr.spans import SpanPolicy
 
     costs = CostModel(step_s=0.010, token_s=0.001)  # spans look cheap to the model ...
     losing = SpanPolicy(costs)
@@ -218,7 +244,7 @@ CHOICES = [  # (candidates, observations per source (proposed, accepted) x 8, ex
 
 @pytest.mark.parametrize("candidates,observed,source,length", CHOICES)
 def test_span_policy_chooses_the_source_worth_most(candidates, observed, source, length):
-    from ssr.policy import SpanPolicy
+    from ssr.spans import SpanPolicy
 
     policy = SpanPolicy(CostModel(step_s=0.010, token_s=0.001))  # GPU-like: long spans are cheap
     for name, (proposed, accepted) in observed.items():
@@ -231,7 +257,7 @@ def test_span_policy_chooses_the_source_worth_most(candidates, observed, source,
 def test_span_acceptance_carries_to_the_next_request_and_fades():
     """A source that failed in earlier requests is skipped from a new request's first proposal
     (no pass paid to learn it again), and tried again once its record has faded."""
-    from ssr.policy import SpanPolicy
+    from ssr.spans import SpanPolicy
 
     first = SpanPolicy(CPU_LIKE)
     for _ in range(6):

@@ -13,7 +13,7 @@ from ssr.bench.simulate import (anchor_to_ar, config_from_dict, format_projectio
                                 summarise_projection)
 from ssr.config import ConfigError, GenerationConfig
 from ssr.decode import Generation
-from ssr.policy import CostModel
+from ssr.costs import CostModel
 from ssr.engines.fake import FakeEngine
 from ssr.thinking import FORMATS
 

@@ -6,7 +6,8 @@ from .decode import Generation
 from .walk import Result
 from .engines import Engine, load_engine
 from .models import DEFAULT_MODEL
-from .policy import CostModel, PolicyStats
+from .costs import CostModel
+from .policy import PolicyStats
 from .proposers import ResponseHistory
 from .thinking import ThinkingFormat, build_messages, detect_format, render_chat, with_system
 

@@ -237,3 +237,48 @@ def _probe(engine, context_tokens: int, repeats: int, step_sizes, score_sizes, t
         tick()
     engine.release(parent)
     return statistics.median(prefill_s), step_s, score_s
+
+
+@dataclass
+class CostModel:
+    """Seconds per engine call. With a measured `table`: the table times drift factors learnt
+    from observed calls, one for steps and one for score passes (a pass over k tokens slows
+    with the cached length more than a step does, so their ratio, which prices every span,
+    is learnt too); without: a line learnt online, step_s + token_s * (n - 1)."""
+
+    step_s: float = 0.05  # no table: one token for one sequence
+    token_s: float = 0.02  # no table: each further token in the same pass
+    smoothing: float = 0.2  # weight of a new observation
+    table: Costs | None = None  # measured step / score costs per size
+    drift: float = 1.0  # observed / table for steps, smoothed
+    score_drift: float = 1.0  # observed / table for score passes, smoothed
+
+    def observe_step(self, seconds: float) -> None:
+        if self.table is not None:
+            self.drift = self._smoothed(self.drift, seconds / max(self.table.step(1), 1e-9))
+        else:
+            self.step_s += self.smoothing * (seconds - self.step_s)
+
+    def observe_score(self, num_tokens: int, seconds: float) -> None:
+        if self.table is not None:
+            self.score_drift = self._smoothed(self.score_drift, seconds / max(self.table.score(num_tokens), 1e-9))
+        elif num_tokens >= 2:
+            per_token = max(0.0, (seconds - self.step_s) / (num_tokens - 1))
+            self.token_s += self.smoothing * (per_token - self.token_s)
+
+    def _smoothed(self, current: float, ratio: float) -> float:
+        ratio = min(max(ratio, 0.2), 5.0)  # one stall must not swing the model
+        return current + self.smoothing * (ratio - current)
+
+    def cost(self, num_tokens: int) -> float:
+        """num_tokens fed to one sequence in one pass."""
+        if self.table is not None:
+            return self.drift * self.table.step(1) if num_tokens <= 1 else \
+                self.score_drift * self.table.score(num_tokens)
+        return self.step_s + self.token_s * max(0, num_tokens - 1)
+
+    def step(self, num_sequences: int) -> float:
+        """One token for each of num_sequences in one pass (no table: no batching gain)."""
+        if self.table is not None:
+            return self.drift * self.table.step(num_sequences)
+        return self.step_s * num_sequences

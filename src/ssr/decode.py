@@ -27,11 +27,12 @@ import numpy as np
 
 from .config import GenerationConfig
 from .draft import Draft
-from .engines.base import Engine
+from .engines.base import Engine, shares_passes
 from .metrics import Metrics, StageClock
-from .policy import CostModel, Plan, PolicyStats, SpanPolicy, plan_request, span_extension
-from .proposers import (CompetingProposers, PromptLookupProposer, Proposer, ResponseHistory, SuffixProposer,
-                        suffix_peer)
+from .costs import CostModel
+from .policy import Plan, PolicyStats, plan_request
+from .spans import SpanPolicy, span_extension
+from .proposers import Proposer, ResponseHistory, request_proposer
 from .sampling import sample, target_probs
 from .text import TextStream
 from .thinking import ThinkingFormat
@@ -58,11 +59,13 @@ class Generation(Walk):
         # price the next one's spans
         self.costs = replace(costs) if costs is not None else CostModel()
         # drafting: whether, when, how (`plan` given: a replay of a run's own plan)
-        self.plan = plan or plan_request(config, self.costs, stats or PolicyStats())
+        beside = shares_passes(engine) and config.proposer is not None  # CoT spans beside a living child
+        self.plan = plan or plan_request(config, self.costs, stats or PolicyStats(), spans_beside_child=beside)
         learnt = stats.spans if stats is not None else {}  # span acceptance earlier requests measured
         self.spans = SpanPolicy(self.costs, learnt.get("answer"))  # answer span lengths worth a verify pass
         self.cot_spans = SpanPolicy(self.costs, learnt.get("cot"))  # the same for CoT spans (accepted less)
-        self.metrics = Metrics(mode=config.mode, prompt_tokens=len(prompt_ids), policy=self.plan.as_dict())
+        self.metrics = Metrics(mode=config.mode, prompt_tokens=len(prompt_ids), policy=self.plan.as_dict(),
+                               spans_beside_child=beside)
         self._check_context(config.suffix.max_span + 1 + (self.plan.draft_tokens if self.plan.draft else 0),
                             " + draft tokens" if config.uses_draft else "")
 
@@ -76,7 +79,10 @@ class Generation(Walk):
         try:
             parent = self._own(self.engine.prefill(self.prompt_ids[:-1]))
             since = clock.add("prefill", 0.0)
-            proposer = self._proposer or self._make_proposer()  # over the whole output: CoT, then answer
+            extend = span_extension(self.costs, self.config.suffix.max_span)  # GPUs: ssr's spans past the match
+            proposer = self._proposer or request_proposer(self.config, extend, self.prompt_ids, self.history)
+            if self.config.uses_draft and self.config.proposer == "suffix":
+                self.metrics.engine["suffix_spans"] = "past the match" if extend is not None else "match length"
             if hasattr(proposer, "implementation"):  # the suffix tree's: arctic-inference or ssr's own
                 self.metrics.engine["suffix_tree"] = proposer.implementation
             # 1. think (a draft child forks at b_d; CoT spans while none lives)
@@ -110,7 +116,8 @@ class Generation(Walk):
         """Stage 1: returns (cot_ids, pending token or None, how the CoT ended, drafts).
         A child forks at each stage budget of the plan, bootstrapped from the previous
         child's draft; only the latest child is alive (it rides in the parent's step).
-        While none is alive, proposed spans are verified (never across a stage budget)."""
+        Proposed spans are verified (never across a stage budget) while no child is alive, or
+        beside it where the engine feeds both in one pass (the child's step rides along)."""
         config, metrics = self.config, self.metrics
         self._reasoning_text = stream = TextStream(self.fmt.end, shown=self.fmt.steer)
         if self.fmt.steer:  # prefilled by the prompt, shown as the reasoning's start
@@ -124,12 +131,12 @@ class Generation(Walk):
                 stages.pop(0)
                 drafts.append(self._fork_draft(parent, pending, len(cot_ids), clock, drafts[-1] if drafts else None))
             child = drafts[-1] if drafts and drafts[-1].seq is not None else None
-            if child is None and proposer is not None:
+            if proposer is not None and (child is None or metrics.spans_beside_child):
                 room = min([config.thinking_budget] + stages[:1]) - len(cot_ids) - 1  # tokens after the bonus
                 source, span = self._propose(proposer, room, self.cot_spans)
                 if span:
                     pending, end = yield from self._cot_span(parent, pending, (source, span), cot_ids, stream,
-                                                             proposer)
+                                                             proposer, child, clock)
                     if end:
                         cot_end = end
                         break
@@ -163,12 +170,14 @@ class Generation(Walk):
         return cot_ids, pending, cot_end, drafts
 
     def _cot_span(self, parent: int, pending: int, proposal: tuple[str, list[int]],
-                  cot_ids: list[int], stream: TextStream, proposer: Proposer):
+                  cot_ids: list[int], stream: TextStream, proposer: Proposer, child: Draft | None,
+                  clock: StageClock):
         """One speculative CoT pass, as in stage 3 but under the CoT's rules (banned tokens,
-        end marker, EOS, loops): returns (pending token or None, how the CoT ended or "")."""
+        end marker, EOS, loops), a living child's step in the same forward pass: returns
+        (pending token or None, how the CoT ended or "")."""
         source, span = proposal
         base, start, at = self.engine.length(parent), self._now(), len(cot_ids)
-        rows = self._score(parent, [pending] + span).copy()  # 2. [k + 1, vocab]
+        rows = self._score_beside(parent, [pending] + span, child, clock).copy()  # 2. [k + 1, vocab]
         rows[:, self.banned_ids] = -np.inf
         verdict = self._verdict(span, rows)  # 3.
         committed = span[: verdict.num_accepted] + [verdict.next_token]
@@ -183,7 +192,8 @@ class Generation(Walk):
         self.engine.truncate(parent, base + fed)  # 4. pending + the tokens before the new pending
         kept = committed[: fed - 1 if end == "eos" else fed]  # EOS is not part of the CoT
         proposer.observe(kept)  # 5.
-        self.cot_spans.observe(len(span), verdict.num_accepted, self._now() - start, source)
+        child_s = self.costs.step(2) - self.costs.step(1) if child is not None else 0.0  # a plain step carries it too
+        self.cot_spans.observe(len(span), verdict.num_accepted, self._now() - start - child_s, source)
         self.metrics.cot_passes += 1
         self.metrics.cot_proposed_tokens += len(span)
         self.metrics.cot_accepted_tokens += min(verdict.num_accepted, fed)
@@ -303,6 +313,17 @@ class Generation(Walk):
         self.costs.observe_score(len(token_ids), self._now() - start)
         return rows
 
+    def _score_beside(self, parent: int, token_ids: list[int], child: Draft | None, clock: StageClock) -> np.ndarray:
+        """Score token_ids on the parent [len(token_ids), vocab]; a living child takes its next
+        step in the same forward pass (engine.score_batch)."""
+        if child is None:
+            return self._score(parent, token_ids)
+        parent_rows, child_rows = self.engine.score_batch([(parent, token_ids), (child.seq, child.token_ids[-1:])])
+        self.metrics.shared_passes += 1
+        child.written += 1
+        self._grow_draft(child, child_rows[0], clock)
+        return parent_rows
+
     def _verdict(self, draft_ids: list[int], target_logits: np.ndarray,
                  draft_probs: np.ndarray | None = None) -> Verdict:
         """Greedy argmax match, or rejection sampling against the sampling distribution."""
@@ -370,21 +391,6 @@ class Generation(Walk):
         accepted = [later.bootstrapped for later in drafts[1:]] + [metrics.accepted_prefix_tokens]
         metrics.stages = [draft.stage(kept) for draft, kept in zip(drafts, accepted)]
         metrics.draft_tokens = len(drafts[-1].token_ids) if drafts else 0
-
-    def _make_proposer(self) -> Proposer | None:
-        """One proposer for the request's output, seeded with the prompt (drafts join at the close)."""
-        kind = self.config.proposer
-        if kind == "suffix" and self.config.uses_draft:  # ssr: suffix tree and n-gram lookup compete
-            params = self.config.suffix
-            extend = span_extension(self.costs, params.max_span)  # GPUs: suffix spans past the match length
-            self.metrics.engine["suffix_spans"] = "past the match" if extend is not None else "match length"
-            return CompetingProposers({"suffix": SuffixProposer(params, [self.prompt_ids], self.history, extend),
-                                       "lookup": PromptLookupProposer(self.prompt_ids, 3, params.max_span)})
-        if kind == "suffix":
-            return suffix_peer(self.prompt_ids, self.history)
-        if kind == "pld":
-            return PromptLookupProposer(self.prompt_ids)
-        return None
 
     def _own(self, seq: int) -> int:
         self._live.add(seq)

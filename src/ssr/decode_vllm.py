@@ -37,7 +37,8 @@ from .draft import Draft
 from .engines.base import EngineError
 from .engines.vllm import Request, VllmEngine
 from .metrics import Metrics, StageClock
-from .policy import CostModel, PolicyStats, fixed_plan, plan_request
+from .costs import CostModel
+from .policy import PolicyStats, fixed_plan, plan_request
 from .text import TextStream
 from .thinking import ThinkingFormat
 from .verify import verify_sampled_rows

@@ -28,6 +28,8 @@ class Metrics:
     cot_passes: int = 0  # score passes over CoT spans
     decode_steps: int = 0  # single-token steps (batched with a draft child or not)
     batched_steps: int = 0  # of those, steps that carried a draft child too
+    shared_passes: int = 0  # CoT span passes that carried a draft child's step too (one forward pass)
+    spans_beside_child: bool = False  # the engine shares passes: CoT spans go on while a child lives
     # wall seconds per stage; "draft" is the child's lifetime, concurrent with "cot"
     seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(STAGES, 0.0))
     # per draft child: forked_at, tokens, bootstrapped, written, accepted (by the next stage or

@@ -268,3 +268,20 @@ class PromptLookupProposer(_OneSource):
             if limit > 0 and start is not None and start < len(tokens) - size:  # not the suffix itself
                 return tokens[start + size : start + size + limit], None
         return [], None
+
+
+def request_proposer(config, extend_prob: float | None, prompt_ids: Sequence[int],
+                     history: ResponseHistory | None) -> Proposer | None:
+    """One proposer for a request's output, seeded with the prompt (drafts join at the close).
+    ssr: its suffix tree (spans past the match length with `extend_prob`, see
+    spans.span_extension) and n-gram lookup compete; the peers as their users run them."""
+    kind = config.proposer
+    if kind == "suffix" and config.uses_draft:
+        params = config.suffix
+        return CompetingProposers({"suffix": SuffixProposer(params, [prompt_ids], history, extend_prob),
+                                   "lookup": PromptLookupProposer(prompt_ids, 3, params.max_span)})
+    if kind == "suffix":
+        return suffix_peer(prompt_ids, history)
+    if kind == "pld":
+        return PromptLookupProposer(prompt_ids)
+    return None

@@ -113,6 +113,21 @@ class ReplayEngine:
             rows.append(self._logits(seq))
         return np.stack(rows)
 
+    def score_batch(self, feeds: Sequence[tuple[int, Sequence[int]]]) -> list[np.ndarray]:
+        """One pass over every feed: priced as a score pass over all their tokens, at least a
+        batched step of that many sequences (the cost tables measure one sequence's passes)."""
+        context = sum(len(self._tokens[seq]) for seq, _ in feeds) // len(feeds)
+        total = sum(len(tokens) for _, tokens in feeds)
+        self.seconds += max(self.costs.score(total, context), self.costs.step(len(feeds), context))
+        out = []
+        for seq, token_ids in feeds:
+            tokens, rows = self._tokens[seq], []
+            for token in token_ids:
+                tokens.append(token)
+                rows.append(self._logits(seq))
+            out.append(np.stack(rows))
+        return out
+
     def truncate(self, seq: int, length: int) -> None:
         del self._tokens[seq][length:]
 

@@ -20,9 +20,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 from ..config import GenerationConfig, SamplingParams, SuffixParams
-from ..costs import Costs
 from ..decode import Generation
-from ..policy import CostModel, Plan, PolicyStats, fixed_plan, plan_request
+from ..engines.base import shares_passes
+from ..costs import CostModel, Costs
+from ..policy import Plan, PolicyStats, fixed_plan, plan_request
 from ..proposers import ResponseHistory
 from .drafts import DraftBook
 from .replay import REPLAY_FORMAT, RecordedSpans, ReplayEngine, RowModel
@@ -54,7 +55,8 @@ def replay(row: dict, costs: Costs, config: GenerationConfig, answer_prefix_ids:
     config = replace(config, mode=row["mode"], sampling=SamplingParams())
     metrics = row["metrics"]
     stats = stats if stats is not None else PolicyStats()
-    plan = _row_plan(row, config) if drafts is None else plan_request(config, CostModel(table=costs), stats)
+    plan = _row_plan(row, config) if drafts is None else \
+        plan_request(config, CostModel(table=costs), stats, spans_beside_child=shares_passes(ReplayEngine))
     model = RowModel(
         prompt_ids=row["prompt_ids"], cot_ids=row["cot_ids"], answer_ids=row["answer_ids"],
         forced_end_ids=forced_end_ids if forced_end_ids is not None else _forced_end(row, answer_prefix_ids),

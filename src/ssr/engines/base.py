@@ -52,6 +52,22 @@ class Engine(Protocol):
     def length(self, seq: int) -> int:
         """Tokens held for seq."""
 
+    # optional: engines that can feed several sequences k tokens each in one forward pass
+    # def score_batch(self, feeds: Sequence[tuple[int, Sequence[int]]]) -> list[np.ndarray]:
+    #     """Feed each (seq, tokens) in one pass -> logits [len(tokens), vocab] per feed."""
+
+
+def shares_passes(engine) -> bool:
+    """Whether the engine (or engine class) feeds several sequences' tokens in one forward pass
+    (`score_batch`): a parent's speculative pass and a child's step then cost one pass."""
+    return callable(getattr(engine, "score_batch", None))
+
+
+def split_rows(rows: np.ndarray, feeds: Sequence[tuple[int, Sequence[int]]]) -> list[np.ndarray]:
+    """Logits of one pass over the feeds, in order [sum of lengths, vocab] -> one array per feed."""
+    bounds = np.cumsum([len(tokens) for _, tokens in feeds])[:-1]
+    return np.split(rows, bounds)
+
 
 class SequenceSlots:
     """Sequence handles 0 .. max_sequences-1 and the tokens each holds; engines whose KV

@@ -59,12 +59,11 @@ class FakeEngine:
 
     def score(self, seq: int, token_ids: Sequence[int]) -> np.ndarray:
         self.calls["score"] += 1
-        tokens = self._tokens[seq]
-        rows = []
-        for token in token_ids:
-            tokens.append(token)
-            rows.append(self._logits(tokens))
-        return np.stack(rows)
+        return self._feed(seq, token_ids)
+
+    def score_batch(self, feeds: Sequence[tuple[int, Sequence[int]]]) -> list[np.ndarray]:
+        self.calls["score_batch"] += 1
+        return [self._feed(seq, tokens) for seq, tokens in feeds]
 
     def truncate(self, seq: int, length: int) -> None:
         del self._tokens[seq][length:]
@@ -84,6 +83,14 @@ class FakeEngine:
         self._next_id += 1
         self._tokens[self._next_id] = tokens
         return self._next_id
+
+    def _feed(self, seq: int, token_ids: Sequence[int]) -> np.ndarray:
+        tokens = self._tokens[seq]
+        rows = []
+        for token in token_ids:
+            tokens.append(token)
+            rows.append(self._logits(tokens))
+        return np.stack(rows)
 
     def _logits(self, tokens: list[int]) -> np.ndarray:
         local = zlib.crc32(bytes(tokens[-self.order :]))

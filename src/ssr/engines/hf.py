@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .base import EngineError, SequenceSlots
+from .base import EngineError, SequenceSlots, split_rows
 from .tokenizer import TokenizerText
 
 ATTENTION_NAME = "ssr_invariant"
@@ -229,6 +229,12 @@ class TransformersEngine(SequenceSlots):
         rows = [self._forward([(seq, list(token_ids[start : start + self.batch_size]))])
                 for start in range(0, len(token_ids), self.batch_size)]
         return np.concatenate(rows) if rows else np.zeros((0, self.vocab_size), np.float32)
+
+    def score_batch(self, feeds: Sequence[tuple[int, Sequence[int]]]) -> list[np.ndarray]:
+        """Each (seq, tokens) a row of one forward pass (separate passes where one exceeds a batch)."""
+        if any(len(tokens) > self.batch_size for _, tokens in feeds) or len({s for s, _ in feeds}) < len(feeds):
+            return [self.score(seq, tokens) for seq, tokens in feeds]
+        return split_rows(self._forward([(seq, list(tokens)) for seq, tokens in feeds]), feeds)
 
     def truncate(self, seq: int, length: int) -> None:
         self._lengths[seq] = min(self._lengths[seq], length)  # entries past it are masked, then overwritten

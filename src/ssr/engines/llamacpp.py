@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .base import EngineError, SequenceSlots
+from .base import EngineError, SequenceSlots, split_rows
 
 
 KV_TYPES = {"f32": 0, "f16": 1, "q8_0": 8}  # ggml_type ids
@@ -125,6 +125,13 @@ class LlamaCppEngine(SequenceSlots):
             for start in range(0, len(token_ids), self.batch_size)
         ]
         return np.concatenate(rows) if rows else np.zeros((0, self.vocab_size), np.float32)
+
+    def score_batch(self, feeds: Sequence[tuple[int, Sequence[int]]]) -> list[np.ndarray]:
+        """Each (seq, tokens) fed in one llama_decode (separate passes where they exceed a batch)."""
+        pairs = [(seq, token) for seq, tokens in feeds for token in tokens]
+        if len(pairs) > self.batch_size or len({seq for seq, _ in feeds}) < len(feeds):
+            return [self.score(seq, tokens) for seq, tokens in feeds]
+        return split_rows(self._decode(pairs), feeds)
 
     def truncate(self, seq: int, length: int) -> None:
         if length < self._lengths[seq]:

@@ -1,0 +1,158 @@
+"""Span policy: how long a speculated span is worth verifying, and which candidate spans.
+
+Every span is verified in one pass with the pending token; its worth is expected tokens per
+second on this engine's cost curve (CostModel), from each source's measured acceptance
+(AcceptanceStats). Used by the decoding loop and, through the replay engine, by the simulator.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+
+from .costs import CostModel
+
+
+def best_span_length(accept_probs: Sequence[float], costs: CostModel) -> int:
+    """Length of the span prefix to verify; 0 means decode one token plainly.
+
+    accept_probs[i]: estimated probability that the first i + 1 proposed tokens
+    are all accepted (non-increasing). Maximises expected tokens per second,
+    (1 + expected accepted(k)) / cost(k + 1).
+    """
+    return best_span(accept_probs, costs)[0]
+
+
+def best_span(accept_probs: Sequence[float], costs: CostModel) -> tuple[int, float]:
+    """(best length, its expected tokens per second); length 0 is a plain step."""
+    best_len, best_rate = 0, 1.0 / costs.cost(1)
+    expected = 0.0
+    for length, prob in enumerate(accept_probs, start=1):
+        expected += prob
+        rate = (1.0 + expected) / costs.cost(length + 1)  # pending token + span in one pass
+        if rate > best_rate:
+            best_len, best_rate = length, rate
+    return best_len, best_rate
+
+
+CHEAP_SPAN_STEPS = 1.5  # a verify pass over the longest span costing at most this many steps is "cheap"
+
+
+def span_extension(costs: CostModel, max_span: int) -> float | None:
+    """Where verifying max_span tokens costs about one step (GPUs: a pass is memory-bound up to
+    hundreds of tokens), suffix spans go on past their match length along the tree's most
+    frequent continuation (the probability floor it returns, 0.0; SuffixTree.propose_from), and
+    best_span cuts each to what its source's measured acceptance is worth. Elsewhere (a CPU,
+    where a scored token costs up to half a step) None: spans stop at the match length."""
+    return 0.0 if costs.cost(max_span + 1) <= CHEAP_SPAN_STEPS * costs.cost(1) else None
+
+
+@dataclass
+class AcceptanceStats:
+    """Measured acceptance of one source's spans as a survival curve S(i): the chance that the
+    first i tokens of a span are all accepted. Measured, not the proposer's own estimate: a
+    suffix tree's frequencies over one prompt are poorly calibrated (a continuation seen once is
+    "certain"). A curve, not one per-token rate: copied text is accepted whole or fails at once.
+
+    Kaplan-Meier over tried tokens: position j is at risk in a span proposed longer than j whose
+    first j tokens were accepted, and fails there when token j is rejected; shorter spans are
+    censored. The first token keeps its own hazard (is the source right here at all?); later
+    positions are shrunk towards the pooled hazard of all later positions, which also prices
+    positions no span has reached yet, so spans can grow past what the cut has tried so far.
+    The prior (one pseudo-span with hazard 1 - prior_rate everywhere) is optimistic, so every
+    source is tried and learnt within a few passes (the guard bounds the cost). Older spans
+    weigh less (`decay` per span): text moves between copied and new regions, and a source that
+    just failed at once is likely to fail at the next position too."""
+
+    prior_weight: float = 1.0  # pseudo-spans behind the prior
+    prior_rate: float = 0.9  # the prior's chance to accept each token given the ones before
+    decay: float = 0.9  # weight of the spans seen so far when a new one is observed
+    at_risk: list[float] = field(default_factory=list)  # [j]: spans that tried token j
+    failed: list[float] = field(default_factory=list)  # [j]: of those, rejected token j
+
+    def observe(self, num_proposed: int, num_accepted: int) -> None:
+        tried = min(num_proposed, num_accepted + 1)
+        self.at_risk = [count * self.decay for count in self.at_risk]
+        self.failed = [count * self.decay for count in self.failed]
+        grow = tried - len(self.at_risk)
+        if grow > 0:
+            self.at_risk += [0.0] * grow
+            self.failed += [0.0] * grow
+        for position in range(tried):
+            self.at_risk[position] += 1
+        if num_accepted < num_proposed:
+            self.failed[num_accepted] += 1
+
+    def carried(self, weight: float) -> AcceptanceStats:
+        """A copy whose spans weigh `weight` as much: what the next request starts from (the prior
+        regains ground, so a source that failed in earlier requests is tried again later)."""
+        return replace(self, at_risk=[count * weight for count in self.at_risk],
+                       failed=[count * weight for count in self.failed])
+
+    def probs(self, length: int) -> list[float]:
+        """S(1) .. S(length)."""
+        prior_hazard = 1.0 - self.prior_rate
+        pooled = (sum(self.failed[1:]) + self.prior_weight * prior_hazard) / (sum(self.at_risk[1:]) + self.prior_weight)
+        out, survival = [], 1.0
+        for position in range(length):
+            at_risk = self.at_risk[position] if position < len(self.at_risk) else 0.0
+            failed = self.failed[position] if position < len(self.failed) else 0.0
+            shrink = prior_hazard if position == 0 else pooled
+            survival *= 1.0 - (failed + self.prior_weight * shrink) / (at_risk + self.prior_weight)
+            out.append(survival)
+        return out
+
+
+class SpanPolicy:
+    """Chooses, among the proposers' candidate spans, the one (cut to the best length) with the
+    most expected tokens per second on this engine's cost curve (best_span), from each source's
+    measured acceptance curve (AcceptanceStats; a suffix span's source names its match-length bucket);
+    learns from every verdict, per source. Used by the decoding loop and (through the replay
+    engine) by the simulator alike.
+
+    Guard (never slower than plain decoding): the loop also reports each pass's seconds;
+    the realised gain, sum over passes of (tokens committed x a plain step's cost - the pass's
+    seconds), is kept. Once `min_passes` passes have lost time overall, spans stop and one
+    in `explore_every` proposals is still verified, so the gain can recover."""
+
+    min_passes = 8  # passes before the guard judges
+    explore_every = 8  # while off: verify one proposal in this many
+
+    carry = 0.75  # weight of earlier requests' spans in a new request's acceptance curves
+
+    def __init__(self, costs: CostModel, learnt: dict[str, AcceptanceStats] | None = None) -> None:
+        self.costs = costs
+        # per source; starts from what earlier requests learnt (PolicyStats.spans), carried at 3/4 weight
+        self.stats: dict[str, AcceptanceStats] = defaultdict(
+            AcceptanceStats, {source: stats.carried(self.carry) for source, stats in (learnt or {}).items()})
+        self.gain_s = 0.0  # realised seconds saved by span passes against plain steps
+        self.timed_passes = 0  # passes whose seconds were reported
+        self.skipped = 0  # proposals dropped by the guard since the last one verified
+
+    def choose(self, candidates: Sequence[tuple[str, list[int]]]) -> tuple[str, list[int]]:
+        """(source, span cut to its best length) of the candidate worth most; ("", []) for a plain step."""
+        best_source, best_span_ids, best_rate = "", [], 1.0 / self.costs.cost(1)
+        for source, span in candidates:
+            length, rate = best_span(self.stats[source].probs(len(span)), self.costs)
+            if length and rate > best_rate:
+                best_source, best_span_ids, best_rate = source, span[:length], rate
+        if best_span_ids and self.losing:
+            self.skipped += 1
+            if self.skipped % self.explore_every:
+                return "", []
+        return best_source, best_span_ids
+
+    def cut(self, span: list[int], source: str = "") -> list[int]:
+        """One source's span cut to its best length ([] for a plain step)."""
+        return self.choose([(source, span)])[1]
+
+    @property
+    def losing(self) -> bool:
+        return self.timed_passes >= self.min_passes and self.gain_s < 0
+
+    def observe(self, num_proposed: int, num_accepted: int, seconds: float | None = None, source: str = "") -> None:
+        """A verified span: its length, the verdict, the pass's seconds when measured, and its source."""
+        self.stats[source].observe(num_proposed, num_accepted)
+        if seconds is not None:
+            self.timed_passes += 1
+            self.gain_s += (num_accepted + 1) * self.costs.cost(1) - seconds
