@@ -85,20 +85,27 @@ def test_forks_land_on_stage_budgets_with_spans():
     assert got.metrics.cot_passes > 0  # between the short-lived children
 
 
-def cot_prefix_counts(mode, seeds, positions=3):
+def cot_prefix_counts(mode, seeds, positions=3, shared=None):
     counts = Counter()
     for seed in seeds:
-        config = GenerationConfig(mode=mode, thinking_budget=positions, max_tokens=1, policy="fixed", draft_at=0,
-                                  sampling=SamplingParams(temperature=1.0, seed=seed))
+        config = GenerationConfig(mode=mode, thinking_budget=positions, max_tokens=8, draft_tokens=8, policy="fixed",
+                                  draft_at=0, sampling=SamplingParams(temperature=1.0, seed=seed))
         result = Generation(FakeEngine(order=1, drift=1.5), FMT, config, PROMPTS[1]).run()
         counts[tuple(result.cot_ids)] += 1
+        if shared is not None:
+            shared[0] += result.metrics.shared_passes
     return counts
 
 
-def test_cot_spans_keep_the_sampling_distribution():
+@pytest.mark.parametrize("mode", ["pld", "ssr"])
+def test_cot_spans_keep_the_sampling_distribution(mode):
+    """ssr: a draft child forks at once, so its CoT spans are verified beside it, its step in
+    the same pass (its sampled tokens draw from the same generator)."""
+    shared = [0]
     ar = cot_prefix_counts("ar", range(0, 1500))
-    pld = cot_prefix_counts("pld", range(10000, 11500))
-    assert contingency_p(ar, pld) > 1e-3
+    got = cot_prefix_counts(mode, range(10000, 11500), shared=shared)
+    assert contingency_p(ar, got) > 1e-3
+    assert (shared[0] > 100) is (mode == "ssr")
 
 
 def test_distribution_test_catches_a_biased_cot(monkeypatch):

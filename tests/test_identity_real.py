@@ -94,3 +94,32 @@ def test_qwen_greedy_identity(qwen, index):
     m = ssr.metrics
     print(f"[{index}] accepted prefix {m.accepted_prefix_tokens}, suffix {m.suffix_accepted_tokens}"
           f"/{m.suffix_proposed_tokens}; {report or 'identical'}")
+
+
+def gpu_priced(model, prompt, mode, **budgets):
+    """A request on `model`'s engine priced with the GPU preset: verifying ~free, so CoT spans go
+    on beside the draft child in shared passes and several candidate spans are verified per pass,
+    each on its own fork of the parent (real forks and one-pass batches on the real engine)."""
+    from ssr.costs import CostModel, gpu_preset
+    from ssr.decode import Generation
+
+    fmt = model.format()
+    config = GenerationConfig(mode=mode, policy="fixed", **budgets)
+    return Generation(model.engine, fmt, config, model.prompt_ids(prompt), model.banned_ids(fmt),
+                      costs=CostModel(table=gpu_preset())).run()
+
+
+@pytest.mark.parametrize("engine_name", ["llama.cpp", "transformers"])
+def test_branches_and_shared_passes_keep_greedy_identity(smollm, engine_name, request):
+    model = smollm if engine_name == "llama.cpp" else request.getfixturevalue("smollm_transformers")
+    budgets = dict(thinking_budget=96, draft_at=24, draft_tokens=64, max_tokens=96)
+    branched = shared = 0
+    for prompt in SMOL_PROMPTS[:6] if engine_name == "llama.cpp" else SMOL_PROMPTS[:2]:
+        ar = gpu_priced(model, prompt, "ar", **budgets)
+        got = gpu_priced(model, prompt, "ssr", **budgets)
+        assert model.engine.live_sequences() == 0
+        divergence = first_divergence(model.engine, model.prompt_ids(prompt), ar, got)
+        assert divergence is None or divergence.logit_gap <= NEAR_TIE, divergence.describe()
+        branched += got.metrics.branch_passes
+        shared += got.metrics.shared_passes
+    assert branched > 0 and shared > 0  # both paths ran on the real engine

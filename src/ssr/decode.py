@@ -5,13 +5,18 @@ The request walks four stages:
                 to end thinking and writes up to m answer tokens, batched with the parent;
                 multi-stage: at b2, b3, ... a new child forks, bootstrapped from the
                 previous draft (verified on the new child, kept up to the first mismatch);
-                while no child lives, the proposer's spans over prompt + CoT so far are
-                verified in one pass each (the CoT is speculated too)
+                the proposer's spans over prompt + CoT so far are verified in one pass each
+                (the CoT is speculated too) while no child lives, or beside it where the
+                engine feeds several sequences per pass (the child's step rides in the pass)
   2. close    - the parent's CoT ends (its end marker, EOS or b_v); the end marker and
                 answer prefix are forced and the latest draft verified (chunks, early exit)
   3. continue - the same proposer (suffix tree over prompt, drafts and the output so far)
                 guesses spans; each span is verified in one pass, the longest match kept
   4. finish   - outstanding children released, metrics closed
+Where verifying costs about a step (GPUs), decoding is greedy and the engine feeds several
+sequences per pass, a span pass verifies up to MAX_BRANCHES candidate spans (suffix tree,
+n-gram lookup, arctic-inference's tree), each on its own fork of the parent; the branch that
+accepts most becomes the parent (the model's own tokens, whichever branch holds them).
 Whether and when children fork, how long they write and how the draft is verified is
 the policy's plan (policy.py: measured costs under `--policy auto`, the flags under
 `fixed`); it changes speed only, never tokens.
@@ -26,21 +31,21 @@ from dataclasses import replace
 import numpy as np
 
 from .config import GenerationConfig
-from .draft import Draft
+from .draft import Draft, DraftChildren
 from .engines.base import Engine, shares_passes
-from .metrics import Metrics, StageClock
 from .costs import CostModel
+from .metrics import Metrics, StageClock
 from .policy import Plan, PolicyStats, plan_request
-from .spans import SpanPolicy, span_extension
 from .proposers import Proposer, ResponseHistory, request_proposer
-from .sampling import sample, target_probs
+from .sampling import target_probs
+from .spans import MAX_BRANCHES, SpanPolicy, span_extension
 from .text import TextStream
 from .thinking import ThinkingFormat
 from .verify import Verdict, verify_greedy, verify_sampled
 from .walk import Chunk, Walk
 
 
-class Generation(Walk):
+class Generation(DraftChildren, Walk):
     """Iterate for chunks as they are decoded; `result` is set when iteration ends."""
 
     def __init__(self, engine: Engine, fmt: ThinkingFormat, config: GenerationConfig,
@@ -66,6 +71,14 @@ class Generation(Walk):
         self.cot_spans = SpanPolicy(self.costs, learnt.get("cot"))  # the same for CoT spans (accepted less)
         self.metrics = Metrics(mode=config.mode, prompt_tokens=len(prompt_ids), policy=self.plan.as_dict(),
                                spans_beside_child=beside)
+        # candidate spans verified per pass, each on its own sequence: several only where one pass
+        # holds several sequences, verifying costs ~a step (GPUs) and decoding is greedy (then the
+        # branch that accepts most holds the model's own tokens; sampling verifies one span)
+        self.extend = span_extension(self.costs, config.suffix.max_span)  # not None: verification is cheap
+        several = beside and self.extend is not None and config.sampling.greedy and config.adaptive_spans
+        self.branches = MAX_BRANCHES if several and config.uses_draft else 1
+        self.parent = -1  # the parent's sequence (a winning branch's sequence takes its place)
+        self._forks: list[int] = []  # the branches of the pass under way (candidates 2.. on forks of the parent)
         self._check_context(config.suffix.max_span + 1 + (self.plan.draft_tokens if self.plan.draft else 0),
                             " + draft tokens" if config.uses_draft else "")
 
@@ -77,26 +90,26 @@ class Generation(Walk):
         self._trace: list[dict] = []
         self.answer_ids: list[int] = []
         try:
-            parent = self._own(self.engine.prefill(self.prompt_ids[:-1]))
+            self.parent = self._own(self.engine.prefill(self.prompt_ids[:-1]))
             since = clock.add("prefill", 0.0)
-            extend = span_extension(self.costs, self.config.suffix.max_span)  # GPUs: ssr's spans past the match
-            proposer = self._proposer or request_proposer(self.config, extend, self.prompt_ids, self.history)
+            proposer = self._proposer or request_proposer(self.config, self.extend, self.prompt_ids, self.history,
+                                                          arctic=self.branches > 1)
             if self.config.uses_draft and self.config.proposer == "suffix":
-                self.metrics.engine["suffix_spans"] = "past the match" if extend is not None else "match length"
+                self.metrics.engine["suffix_spans"] = "past the match" if self.extend is not None else "match length"
             if hasattr(proposer, "implementation"):  # the suffix tree's: arctic-inference or ssr's own
                 self.metrics.engine["suffix_tree"] = proposer.implementation
             # 1. think (a draft child forks at b_d; CoT spans while none lives)
-            cot_ids, pending, cot_end, drafts = yield from self._think(parent, self.prompt_ids[-1], clock, proposer)
+            cot_ids, pending, cot_end, drafts = yield from self._think(self.prompt_ids[-1], clock, proposer)
             since = clock.add("cot", since)
             # 2. close the CoT, verify the latest draft
             draft = drafts[-1] if drafts else None
             if proposer is not None:
                 for each in drafts:  # spans may copy from every stage's draft
                     proposer.add_source(self.answer_prefix_ids + each.token_ids)
-            yield from self._close(parent, pending, cot_end, draft, proposer)
+            yield from self._close(pending, cot_end, draft, proposer)
             self.metrics.first_answer_token_s = since = clock.add("verify", since)
             # 3. continue
-            yield from self._continue(parent, proposer)
+            yield from self._continue(proposer)
             clock.add("continuation", since)
         finally:
             for seq in list(self._live):
@@ -112,7 +125,7 @@ class Generation(Walk):
         if self.history is not None:
             self.history.add(self.result.output_ids)
 
-    def _think(self, parent: int, pending: int, clock: StageClock, proposer: Proposer | None):
+    def _think(self, pending: int, clock: StageClock, proposer: Proposer | None):
         """Stage 1: returns (cot_ids, pending token or None, how the CoT ended, drafts).
         A child forks at each stage budget of the plan, bootstrapped from the previous
         child's draft; only the latest child is alive (it rides in the parent's step).
@@ -129,19 +142,19 @@ class Generation(Walk):
         while len(cot_ids) < config.thinking_budget:
             if stages and len(cot_ids) == stages[0]:
                 stages.pop(0)
-                drafts.append(self._fork_draft(parent, pending, len(cot_ids), clock, drafts[-1] if drafts else None))
+                drafts.append(self._fork_draft(self.parent, pending, len(cot_ids), clock, drafts[-1] if drafts else None))
             child = drafts[-1] if drafts and drafts[-1].seq is not None else None
             if proposer is not None and (child is None or metrics.spans_beside_child):
                 room = min([config.thinking_budget] + stages[:1]) - len(cot_ids) - 1  # tokens after the bonus
-                source, span = self._propose(proposer, room, self.cot_spans)
-                if span:
-                    pending, end = yield from self._cot_span(parent, pending, (source, span), cot_ids, stream,
-                                                             proposer, child, clock)
+                proposals = self._propose(proposer, room, self.cot_spans)
+                if proposals:
+                    pending, end = yield from self._cot_span(pending, proposals, cot_ids, stream, proposer, child,
+                                                             clock)
                     if end:
                         cot_end = end
                         break
                     continue
-            batch = [(parent, pending)]
+            batch = [(self.parent, pending)]
             if child is not None:
                 batch.append((child.seq, child.token_ids[-1]))
             logits = self._step(batch)  # [len(batch), vocab]
@@ -169,17 +182,18 @@ class Generation(Walk):
         metrics.cot_tokens, metrics.cot_end = len(cot_ids), cot_end
         return cot_ids, pending, cot_end, drafts
 
-    def _cot_span(self, parent: int, pending: int, proposal: tuple[str, list[int]],
-                  cot_ids: list[int], stream: TextStream, proposer: Proposer, child: Draft | None,
-                  clock: StageClock):
+    def _cot_span(self, pending: int, proposals: list[tuple[str, list[int]]], cot_ids: list[int],
+                  stream: TextStream, proposer: Proposer, child: Draft | None, clock: StageClock):
         """One speculative CoT pass, as in stage 3 but under the CoT's rules (banned tokens,
         end marker, EOS, loops), a living child's step in the same forward pass: returns
         (pending token or None, how the CoT ended or "")."""
-        source, span = proposal
-        base, start, at = self.engine.length(parent), self._now(), len(cot_ids)
-        rows = self._score_beside(parent, [pending] + span, child, clock).copy()  # 2. [k + 1, vocab]
-        rows[:, self.banned_ids] = -np.inf
-        verdict = self._verdict(span, rows)  # 3.
+        base, start, at = self.engine.length(self.parent), self._now(), len(cot_ids)
+        scored = self._score_candidates(pending, [span for _, span in proposals], child, clock)  # 2.
+        for rows in scored:  # [k_i + 1, vocab] each
+            rows[:, self.banned_ids] = -np.inf
+        verdicts = [self._verdict(span, rows) for (_, span), rows in zip(proposals, scored)]  # 3.
+        won = self._keep_branch(verdicts)
+        (source, span), verdict = proposals[won], verdicts[won]
         committed = span[: verdict.num_accepted] + [verdict.next_token]
         end, fed = "", 0  # fed: tokens processed; the last of them becomes pending
         for token in committed:
@@ -189,19 +203,19 @@ class Generation(Walk):
                 yield chunk
             if end:
                 break
-        self.engine.truncate(parent, base + fed)  # 4. pending + the tokens before the new pending
+        self.engine.truncate(self.parent, base + fed)  # 4. pending + the tokens before the new pending
         kept = committed[: fed - 1 if end == "eos" else fed]  # EOS is not part of the CoT
         proposer.observe(kept)  # 5.
         child_s = self.costs.step(2) - self.costs.step(1) if child is not None else 0.0  # a plain step carries it too
-        self.cot_spans.observe(len(span), verdict.num_accepted, self._now() - start - child_s, source)
+        self.cot_spans.observe_pass(self._verified(proposals, verdicts), self._now() - start - child_s)
         self.metrics.cot_passes += 1
         self.metrics.cot_proposed_tokens += len(span)
         self.metrics.cot_accepted_tokens += min(verdict.num_accepted, fed)
         self._trace.append({"kind": "cot_span", "at": at, "source": source, "proposed": len(span),
-                            "accepted": verdict.num_accepted})
+                            "accepted": verdict.num_accepted, **self._branch_event(proposals, won)})
         return (None if end == "eos" else committed[fed - 1]), end
 
-    def _close(self, parent: int, pending: int | None, cot_end: str, draft: Draft | None,
+    def _close(self, pending: int | None, cot_end: str, draft: Draft | None,
                proposer: Proposer | None) -> Iterator[Chunk]:
         """Stage 2: force end marker + answer prefix and verify the latest draft."""
         forced = ([] if cot_end == "natural" else self.forced_end_ids) + self.answer_prefix_ids
@@ -211,7 +225,7 @@ class Generation(Walk):
         draft_ids: list[int] = []
         if draft is not None and self.config.verifies_draft_prefix:
             draft_ids = draft.token_ids[: self.config.max_tokens]
-        num_accepted, verdict, _ = self._verify_chunked(parent, fed, draft_ids, draft.probs if draft else [])
+        num_accepted, verdict, _ = self._verify_chunked(self.parent, fed, draft_ids, draft.probs if draft else [])
         if draft_ids:
             self.metrics.verify_passes += 1
             self.metrics.accepted_prefix_tokens = num_accepted
@@ -255,43 +269,87 @@ class Generation(Walk):
         self.engine.truncate(seq, base + len(fed) + num_accepted)
         return num_accepted, verdict, kept
 
-    def _continue(self, parent: int, proposer: Proposer | None) -> Iterator[Chunk]:
+    def _continue(self, proposer: Proposer | None) -> Iterator[Chunk]:
         """Stage 3: loop of
-        # 1. propose a span   # 2. score it with the pending token in one pass
+        # 1. propose spans    # 2. score them with the pending token in one pass
         # 3. verify           # 4. commit the accepted tokens, roll back the rest
         # 5. observe (proposer and acceptance statistics)
         """
         metrics = self.metrics
         while not metrics.stop:
             pending = self.answer_ids[-1]
-            source, span = self._propose(proposer, self.config.max_tokens - len(self.answer_ids), self.spans)  # 1.
-            if not span:
-                rows = self._step([(parent, pending)])  # [1, vocab]
+            proposals = self._propose(proposer, self.config.max_tokens - len(self.answer_ids), self.spans)  # 1.
+            if not proposals:
+                rows = self._step([(self.parent, pending)])  # [1, vocab]
                 yield from self._commit([self._verdict([], rows).next_token], proposer)
                 continue
-            base, start = self.engine.length(parent), self._now()
-            rows = self._score(parent, [pending] + span)  # 2. [k + 1, vocab]
-            verdict = self._verdict(span, rows)  # 3.
-            self.engine.truncate(parent, base + 1 + verdict.num_accepted)  # 4.
+            base, start = self.engine.length(self.parent), self._now()
+            scored = self._score_candidates(pending, [span for _, span in proposals])  # 2. [k_i + 1, vocab] each
+            verdicts = [self._verdict(span, rows) for (_, span), rows in zip(proposals, scored)]  # 3.
+            won = self._keep_branch(verdicts)
+            (source, span), verdict = proposals[won], verdicts[won]
+            self.engine.truncate(self.parent, base + 1 + verdict.num_accepted)  # 4.
             metrics.verify_passes += 1
             metrics.suffix_proposed_tokens += len(span)
             metrics.suffix_accepted_tokens += verdict.num_accepted
-            self.spans.observe(len(span), verdict.num_accepted, self._now() - start, source)  # 5.
-            self._trace.append({"kind": "span", "at": len(self.answer_ids), "source": source,
-                                "proposed": len(span), "accepted": verdict.num_accepted})
+            self.spans.observe_pass(self._verified(proposals, verdicts), self._now() - start)  # 5.
+            self._trace.append({"kind": "span", "at": len(self.answer_ids), "source": source, "proposed": len(span),
+                                "accepted": verdict.num_accepted, **self._branch_event(proposals, won)})
             yield from self._commit(span[: verdict.num_accepted] + [verdict.next_token], proposer)
 
-    def _propose(self, proposer: Proposer | None, room: int, spans: SpanPolicy) -> tuple[str, list[int]]:
-        """(source, span of at most `room` tokens). The ssr modes
-        let the span policy choose among the sources and cut the span to what the engine's costs
-        justify; the peers `suffix` and `pld` verify what their one proposer proposes, as their
-        users run them."""
+    def _propose(self, proposer: Proposer | None, room: int, spans: SpanPolicy) -> list[tuple[str, list[int]]]:
+        """[(source, span of at most `room` tokens)], [] for a plain step. The ssr modes let the
+        span policy choose among the sources, cut each span to what the engine's costs justify and
+        keep, where branches are on, further candidates worth verifying in the same pass; the peers
+        `suffix` and `pld` verify what their one proposer proposes, as their users run them."""
         found = proposer.candidates(room) if proposer is not None and room > 0 else []
         if not found:
-            return "", []
+            return []
         if self.config.adaptive_spans and self.config.uses_draft:
-            return spans.choose(found)
-        return found[0]
+            free = self.engine.max_sequences - getattr(self.engine, "live_sequences", lambda: len(self._live))()
+            return spans.choose_many(found, min(self.branches, 1 + max(0, free)))
+        return found[:1]
+
+    def _score_candidates(self, pending: int, spans: list[list[int]], child: Draft | None = None,
+                          clock: StageClock | None = None) -> list[np.ndarray]:
+        """[pending] + each span scored in one forward pass -> rows [k_i + 1, vocab] per span: the
+        first span on the parent, each other on a fresh fork of it (a branch); a living child
+        takes its next step in the same pass (engine.score_batch)."""
+        if len(spans) == 1 and child is None:
+            return [self._score(self.parent, [pending] + spans[0]).copy()]
+        self._forks = [self._own(self.engine.fork(self.parent)) for _ in spans[1:]]
+        feeds = [(seq, [pending] + span) for seq, span in zip([self.parent] + self._forks, spans)]
+        if child is not None:
+            feeds.append((child.seq, child.token_ids[-1:]))
+        rows = [each.copy() for each in self.engine.score_batch(feeds)]
+        if child is not None:
+            self.metrics.shared_passes += 1
+            child.written += 1
+            self._grow_draft(child, rows[-1][0], clock)
+        return rows[: len(spans)]
+
+    def _keep_branch(self, verdicts: list[Verdict]) -> int:
+        """The candidate that accepted most (the first of equals); its sequence becomes the
+        parent's, the other branches are released."""
+        won = max(range(len(verdicts)), key=lambda i: (verdicts[i].num_accepted, -i))
+        held = [self.parent] + self._forks
+        for i, seq in enumerate(held):
+            if i != won:
+                self._drop(seq)
+        self.parent, self._forks = held[won], []
+        if len(verdicts) > 1:
+            self.metrics.branch_passes += 1
+            self.metrics.branch_wins += won > 0
+        return won
+
+    @staticmethod
+    def _verified(proposals: list[tuple[str, list[int]]], verdicts: list[Verdict]) -> list[tuple[str, int, int]]:
+        return [(source, len(span), verdict.num_accepted) for (source, span), verdict in zip(proposals, verdicts)]
+
+    @staticmethod
+    def _branch_event(proposals: list[tuple[str, list[int]]], won: int) -> dict:
+        """Trace fields of a pass that verified several candidates: how many, which won."""
+        return {"candidates": len(proposals), "won": won} if len(proposals) > 1 else {}
 
     # -- helpers ------------------------------------------------------------------------
 
@@ -313,17 +371,6 @@ class Generation(Walk):
         self.costs.observe_score(len(token_ids), self._now() - start)
         return rows
 
-    def _score_beside(self, parent: int, token_ids: list[int], child: Draft | None, clock: StageClock) -> np.ndarray:
-        """Score token_ids on the parent [len(token_ids), vocab]; a living child takes its next
-        step in the same forward pass (engine.score_batch)."""
-        if child is None:
-            return self._score(parent, token_ids)
-        parent_rows, child_rows = self.engine.score_batch([(parent, token_ids), (child.seq, child.token_ids[-1:])])
-        self.metrics.shared_passes += 1
-        child.written += 1
-        self._grow_draft(child, child_rows[0], clock)
-        return parent_rows
-
     def _verdict(self, draft_ids: list[int], target_logits: np.ndarray,
                  draft_probs: np.ndarray | None = None) -> Verdict:
         """Greedy argmax match, or rejection sampling against the sampling distribution."""
@@ -334,63 +381,6 @@ class Generation(Walk):
             np.asarray(draft_ids, dtype=np.int64), draft_probs,
             target_probs(target_logits, sampling), self.rng, approx=self.config.verify == "approx",
         )
-
-    def _fork_draft(self, parent: int, pending: int, cot_len: int, clock: StageClock,
-                    previous: Draft | None) -> Draft:
-        """A child forked from the parent, the end of thinking forced. With a previous
-        stage's draft it is bootstrapped: that draft is verified on the child in chunks
-        (as the parent verifies at its end) and the child goes on from the accepted prefix."""
-        if previous is not None and previous.seq is not None:  # superseded: its tokens are all we need
-            self._finish_draft(previous, clock)
-        draft = Draft(seq=self._own(self.engine.fork(parent)), forked_at=cot_len, started_s=clock.now())
-        fed = [pending] + self.forced_end_ids + self.answer_prefix_ids
-        if previous is None or not previous.token_ids:
-            rows = self._score(draft.seq, fed)
-            self._grow_draft(draft, rows[-1], clock)
-            return draft
-        old_ids = previous.token_ids[: self._draft_limit() - 1]  # room for the token after them
-        start = self._now()
-        num_accepted, verdict, rows = self._verify_chunked(draft.seq, fed, old_ids, previous.probs,
-                                                           keep_rows=not self.config.sampling.greedy)
-        draft.bootstrap_s = self._now() - start
-        draft.bootstrapped = num_accepted
-        draft.token_ids = old_ids[:num_accepted]
-        if rows:  # sampling: the new child's distribution q at every position it now holds
-            draft.probs = [target_probs(row, self.config.sampling) for row in rows[:num_accepted]]
-        if draft.token_ids and draft.token_ids[-1] in self.engine.eos_ids:  # the whole answer, EOS too
-            self._finish_draft(draft, clock)
-        else:
-            self._grow_draft(draft, rows[num_accepted] if rows else None, clock, token=verdict.next_token)
-        return draft
-
-    def _grow_draft(self, draft: Draft, logits: np.ndarray | None, clock: StageClock, token: int | None = None) -> None:
-        """Choose the child's next token from its logits [vocab] (or take `token`, chosen by a
-        bootstrap verdict from these logits); finish the child at EOS or m tokens."""
-        sampling = self.config.sampling
-        if not sampling.greedy:
-            probs = target_probs(logits, sampling)  # the draft distribution q
-            draft.probs.append(probs)
-            token = sample(probs, self.rng) if token is None else token
-        elif token is None:
-            token = int(np.argmax(logits))
-        draft.token_ids.append(token)
-        if token in self.engine.eos_ids or len(draft.token_ids) >= self._draft_limit():
-            self._finish_draft(draft, clock)
-
-    def _draft_limit(self) -> int:
-        return min(self.plan.draft_tokens, self.config.max_tokens)
-
-    def _finish_draft(self, draft: Draft, clock: StageClock) -> None:
-        self._drop(draft.seq)
-        draft.seq = None
-        draft.seconds = clock.now() - draft.started_s
-        self.metrics.seconds["draft"] += draft.seconds
-
-    def _close_metrics(self, drafts: list[Draft]) -> None:
-        metrics = self.metrics
-        accepted = [later.bootstrapped for later in drafts[1:]] + [metrics.accepted_prefix_tokens]
-        metrics.stages = [draft.stage(kept) for draft, kept in zip(drafts, accepted)]
-        metrics.draft_tokens = len(drafts[-1].token_ids) if drafts else 0
 
     def _own(self, seq: int) -> int:
         self._live.add(seq)

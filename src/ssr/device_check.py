@@ -122,6 +122,48 @@ def context_curve(engine, contexts: tuple[int, ...], repeats: int) -> dict[int, 
     return curve
 
 
+def pass_probe(engine, context: int, repeats: int) -> dict[str, float]:
+    """Median seconds, at `context` cached tokens, of what the loop does where verifying is cheap:
+    a fork (a branch or a child: the KV slot copied), a parent's 17-token span pass with a child's
+    step in one pass (2 sequences), three 17-token candidate spans with a child's step (4
+    sequences). `ssr simulate` prices such a pass as a score over all its tokens, a fork as free."""
+    import statistics
+
+    import torch
+
+    from .costs import _filler
+
+    sync = torch.cuda.synchronize if engine.device.startswith("cuda") else (lambda: None)
+    filler = _filler(engine, context)
+    span = filler[:17]
+    parent = engine.prefill(filler)
+    child = engine.fork(parent)
+
+    def timed(call) -> float:
+        times = []
+        for _ in range(repeats + 1):  # the first warms up
+            sync()
+            start = time.perf_counter()
+            call()
+            sync()
+            times.append(time.perf_counter() - start)
+        return statistics.median(times[1:])
+
+    def one_pass(feeds) -> None:
+        engine.score_batch(feeds)
+        for seq, _ in feeds:
+            engine.truncate(seq, context)
+
+    out = {"fork_s": timed(lambda: engine.release(engine.fork(parent))),
+           "span_17_with_child_s": timed(lambda: one_pass([(parent, span), (child, span[:1])]))}
+    branches = [engine.fork(parent), engine.fork(parent)]
+    out["three_spans_17_with_child_s"] = timed(
+        lambda: one_pass([(parent, span)] + [(seq, span) for seq in branches] + [(child, span[:1])]))
+    for seq in [parent, child] + branches:
+        engine.release(seq)
+    return out
+
+
 def identity(engine, arch: str, prompts: tuple[str, ...], budget: int) -> list[dict]:
     """ar vs ssr (drafting forced, three stages) and suffix on each prompt, greedy."""
     from . import SSR, GenerationConfig
@@ -145,6 +187,7 @@ def identity(engine, arch: str, prompts: tuple[str, ...], budget: int) -> list[d
                          "stages": len(m.stages), "draft_tokens": m.draft_tokens,
                          "accepted_prefix": m.accepted_prefix_tokens,
                          "spans_accepted": m.suffix_accepted_tokens + m.cot_accepted_tokens,
+                         "shared_passes": m.shared_passes, "branch_passes": m.branch_passes,
                          "ar_s": expected.metrics.total_s, "mode_s": m.total_s})
     return rows
 
@@ -165,6 +208,7 @@ def check_architecture(arch: str, args, log) -> dict:
                     meta={**costs.meta, "device": device_name, "architecture": arch, "dtype": args.dtype,
                           "torch": torch.__version__, "weights": "random (speed does not depend on them)"})
     curve = context_curve(engine, args.contexts, args.repeats)
+    passes = pass_probe(engine, args.context, args.repeats)
     rows = identity(engine, arch, PROMPTS[: args.prompts], args.budget)
     engine.close()
     del engine
@@ -175,7 +219,7 @@ def check_architecture(arch: str, args, log) -> dict:
     light.close()
     return {"architecture": arch, "config": ARCHITECTURES[arch], "device": device_name, "dtype": args.dtype,
             "build_s": built_s, "costs": json.loads(costs.to_json()), "preset": json.loads(gpu_preset().to_json()),
-            "context_curve": curve, "skeleton_step_s": overhead_s,
+            "context_curve": curve, "passes": passes, "skeleton_step_s": overhead_s,
             "launch_share": overhead_s / costs.step_s[1], "identity": rows,
             "seconds": time.perf_counter() - started}
 
@@ -204,6 +248,15 @@ def table(result: dict) -> str:
               "", "| context | step 1 (s) | score 128 (s) | prefill per token (s) |", "|---|---|---|---|"]
     lines += [f"| {context} | {row['step_1']:.5f} | {row['score_128']:.5f} | {row['prefill_token_s']:.6f} |"
               for context, row in sorted(result["context_curve"].items(), key=lambda item: int(item[0]))]
+    passes = result["passes"]
+    lines += ["", f"Passes the loop makes where verifying is cheap (context {costs['context_tokens']}; "
+              f"`ssr simulate` assumes a fork is free and a pass costs a score over all its tokens):",
+              "", "| probe | seconds | × step | simulator's × step |", "|---|---|---|---|",
+              f"| fork (KV slot copy) | {passes['fork_s']:.5f} | {passes['fork_s'] / step:.2f} | 0.00 |"]
+    measured = Costs.from_dict(costs)
+    for key, label, tokens in (("span_17_with_child_s", "span of 17 + a child's step (2 sequences)", 18),
+                               ("three_spans_17_with_child_s", "3 spans of 17 + a child's step (4 sequences)", 52)):
+        lines.append(f"| {label} | {passes[key]:.5f} | {passes[key] / step:.2f} | {measured.score(tokens) / step:.2f} |")
     identical = sum(row["identical"] for row in result["identity"])
     lines += ["", f"Python + launch overhead: a width-64 skeleton of the same layers steps in "
               f"{result['skeleton_step_s']:.5f} s = {result['launch_share']:.0%} of a step.",
@@ -214,7 +267,8 @@ def table(result: dict) -> str:
         lines.append(f"- {row['mode']} `{row['prompt']}`: {row['tokens']} tokens, "
                      f"{'identical' if row['identical'] else row['divergence']}; stages {row['stages']}, "
                      f"draft {row['draft_tokens']}, accepted prefix {row['accepted_prefix']}, "
-                     f"spans accepted {row['spans_accepted']}")
+                     f"spans accepted {row['spans_accepted']}, shared passes {row.get('shared_passes', 0)}, "
+                     f"branch passes {row.get('branch_passes', 0)}")
     return "\n".join(lines) + "\n"
 
 

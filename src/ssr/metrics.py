@@ -30,6 +30,8 @@ class Metrics:
     batched_steps: int = 0  # of those, steps that carried a draft child too
     shared_passes: int = 0  # CoT span passes that carried a draft child's step too (one forward pass)
     spans_beside_child: bool = False  # the engine shares passes: CoT spans go on while a child lives
+    branch_passes: int = 0  # span passes that verified several candidate spans, each on its own sequence
+    branch_wins: int = 0  # of those, passes won by a candidate other than the span policy's first choice
     # wall seconds per stage; "draft" is the child's lifetime, concurrent with "cot"
     seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(STAGES, 0.0))
     # per draft child: forked_at, tokens, bootstrapped, written, accepted (by the next stage or

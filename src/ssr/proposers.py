@@ -149,8 +149,10 @@ class ArcticSuffixProposer(_OneSource):
     source = "suffix"
     implementation = "arctic-inference"
 
-    def __init__(self, params: SuffixParams, prompt: Sequence[int], history: ResponseHistory | None = None) -> None:
+    def __init__(self, params: SuffixParams, prompt: Sequence[int], history: ResponseHistory | None = None,
+                 source: str = "suffix") -> None:
         self.params = params
+        self.source = source  # its candidates' name (ssr: "arctic", beside its own tree)
         history = history if history is not None else ResponseHistory(0)
         self.cache, self.request_id = history.arctic(params.max_depth)
         self.cache.start_request(self.request_id, list(prompt))
@@ -271,15 +273,24 @@ class PromptLookupProposer(_OneSource):
 
 
 def request_proposer(config, extend_prob: float | None, prompt_ids: Sequence[int],
-                     history: ResponseHistory | None) -> Proposer | None:
+                     history: ResponseHistory | None, arctic: bool = False) -> Proposer | None:
     """One proposer for a request's output, seeded with the prompt (drafts join at the close).
     ssr: its suffix tree (spans past the match length with `extend_prob`, see
-    spans.span_extension) and n-gram lookup compete; the peers as their users run them."""
+    spans.span_extension) and n-gram lookup compete, and with `arctic` (several candidates
+    verified per pass) arctic-inference's tree too, where installed; the peers as their users
+    run them."""
     kind = config.proposer
     if kind == "suffix" and config.uses_draft:
         params = config.suffix
-        return CompetingProposers({"suffix": SuffixProposer(params, [prompt_ids], history, extend_prob),
-                                   "lookup": PromptLookupProposer(prompt_ids, 3, params.max_span)})
+        sources: dict[str, Proposer] = {
+            "suffix": SuffixProposer(params, [prompt_ids], history, extend_prob),
+            "lookup": PromptLookupProposer(prompt_ids, 3, params.max_span)}
+        if arctic:
+            try:
+                sources["arctic"] = ArcticSuffixProposer(PEER_SUFFIX, prompt_ids, history, source="arctic")
+            except ImportError:
+                pass  # without arctic-inference: ssr's own sources
+        return CompetingProposers(sources)
     if kind == "suffix":
         return suffix_peer(prompt_ids, history)
     if kind == "pld":

@@ -35,6 +35,7 @@ def best_span(accept_probs: Sequence[float], costs: CostModel) -> tuple[int, flo
     return best_len, best_rate
 
 
+MAX_BRANCHES = 3  # candidate spans verified in one pass at most (greedy, cheap verification, shared passes)
 CHEAP_SPAN_STEPS = 1.5  # a verify pass over the longest span costing at most this many steps is "cheap"
 
 
@@ -131,16 +132,41 @@ class SpanPolicy:
 
     def choose(self, candidates: Sequence[tuple[str, list[int]]]) -> tuple[str, list[int]]:
         """(source, span cut to its best length) of the candidate worth most; ("", []) for a plain step."""
-        best_source, best_span_ids, best_rate = "", [], 1.0 / self.costs.cost(1)
+        chosen = self.choose_many(candidates, 1)
+        return chosen[0] if chosen else ("", [])
+
+    def choose_many(self, candidates: Sequence[tuple[str, list[int]]], max_count: int) -> list[tuple[str, list[int]]]:
+        """The candidate worth most (cut to its best length), then up to max_count - 1 others
+        worth verifying beside it in the same pass, each on its own sequence: one is added when
+        the tokens it is expected to add where the chosen ones fail at once (their first-token
+        miss chance x its expected accepted tokens, at a plain step's cost each) outweigh what
+        its tokens add to the pass. [] for a plain step."""
+        ranked = []  # (tokens per second, source, cut span) of every span worth a pass alone
         for source, span in candidates:
             length, rate = best_span(self.stats[source].probs(len(span)), self.costs)
-            if length and rate > best_rate:
-                best_source, best_span_ids, best_rate = source, span[:length], rate
-        if best_span_ids and self.losing:
+            if length:
+                ranked.append((rate, source, span[:length]))
+        ranked.sort(key=lambda each: -each[0])  # stable: the first of equals stays first
+        if ranked and self.losing:
             self.skipped += 1
             if self.skipped % self.explore_every:
-                return "", []
-        return best_source, best_span_ids
+                return []
+        chosen = [(source, span) for _, source, span in ranked[:1]]
+        fed = len(chosen[0][1]) + 1 if chosen else 0  # tokens in the pass so far
+        for _, source, span in ranked[1:]:
+            if len(chosen) >= max_count:
+                break
+            if any(other[: len(span)] == span for _, other in chosen):  # nothing a chosen one does not try
+                continue
+            miss = 1.0
+            for other_source, other in chosen:
+                miss *= 1.0 - self.stats[other_source].probs(1)[0]
+            expected = sum(self.stats[source].probs(len(span)))
+            extra_s = self.costs.cost(fed + len(span) + 1) - self.costs.cost(fed)
+            if miss * expected * self.costs.cost(1) > extra_s:
+                chosen.append((source, span))
+                fed += len(span) + 1
+        return chosen
 
     def cut(self, span: list[int], source: str = "") -> list[int]:
         """One source's span cut to its best length ([] for a plain step)."""
@@ -152,7 +178,14 @@ class SpanPolicy:
 
     def observe(self, num_proposed: int, num_accepted: int, seconds: float | None = None, source: str = "") -> None:
         """A verified span: its length, the verdict, the pass's seconds when measured, and its source."""
-        self.stats[source].observe(num_proposed, num_accepted)
+        self.observe_pass([(source, num_proposed, num_accepted)], seconds)
+
+    def observe_pass(self, verified: Sequence[tuple[str, int, int]], seconds: float | None = None) -> None:
+        """A pass that verified one or more candidate spans, (source, proposed, accepted) each,
+        and its seconds when measured: every source learns its own verdict; the guard counts the
+        pass once, with the tokens the best of them committed."""
+        for source, num_proposed, num_accepted in verified:
+            self.stats[source].observe(num_proposed, num_accepted)
         if seconds is not None:
             self.timed_passes += 1
-            self.gain_s += (num_accepted + 1) * self.costs.cost(1) - seconds
+            self.gain_s += (max(accepted for _, _, accepted in verified) + 1) * self.costs.cost(1) - seconds

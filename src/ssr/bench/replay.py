@@ -159,7 +159,7 @@ class ReplayEngine:
         """The token the row's model wrote after this sequence's tokens (EOS where unknown)."""
         model = self.model
         output = self._tokens[seq][len(model.prompt_ids):]
-        if seq in self._forked_at:  # a child: CoT[:b] + forced end + answer prefix + its draft
+        if seq in self._forked_at and self._is_child(seq):  # a child: CoT[:b] + forced end + answer prefix + draft
             if self._forked_at[seq] != model.draft_forked_at:
                 return self.eos_id
             written = len(output) - self._forked_at[seq] - len(model.forced_end_ids) - len(model.answer_prefix_ids)
@@ -171,6 +171,14 @@ class ReplayEngine:
             if len(after) >= len(forced) and after[: len(forced)] == forced:
                 return _at(self.answer, len(after) - len(forced), self.eos_id)
         return self.eos_id  # inside the forced tokens: not read by the loop
+
+    def _is_child(self, seq: int) -> bool:
+        """A fork is a draft child when the forced end follows its fork point (the loop feeds a
+        child pending + forced end + answer prefix first); else a branch of the parent (several
+        candidate spans verified in one pass), whose tokens follow the parent's path."""
+        model, forked = self.model, self._forked_at[seq]
+        forced = model.forced_end_ids + model.answer_prefix_ids
+        return self._tokens[seq][len(model.prompt_ids) + forked: len(model.prompt_ids) + forked + len(forced)] == forced
 
 
 def _with_last(tokens: list[int], last: int | None) -> list[int]:
