@@ -124,6 +124,36 @@ def test_plan_prices_cot_spans_a_child_turns_off_unless_passes_are_shared():
     assert observed.cot_span_rate == pytest.approx(180 / 500)  # the child's 100 tokens had none
 
 
+def test_plan_prices_draft_tokens_at_the_speed_earlier_requests_saw():
+    """A cost table probed at a short context prices a long prompt's steps low, while the
+    saving side (seconds per answer token) is measured on the requests themselves: priced
+    at one speed the child looks worth it (LongProc countdown, 6.6k-token prompts, 3x slower
+    steps), priced at the speed those requests saw it is not."""
+    def long_prompt_stats(**drifts) -> PolicyStats:
+        stats = PolicyStats(answer_s=0.13 * 100, answer_count=100, **drifts)  # 130 ms per answer token
+        for cot, answer in [(400, 120), (450, 150)]:
+            stats.cot_tokens.append(cot)
+            stats.answer_tokens.append(answer)
+        return stats
+
+    optimistic = plan_request(CONFIG, CostModel(table=QWEN_LLAMA_CPU), long_prompt_stats())
+    assert optimistic.draft
+    priced = plan_request(CONFIG, CostModel(table=QWEN_LLAMA_CPU),
+                          long_prompt_stats(step_drifts=[3.1, 2.9, 3.0], score_drifts=[2.5, 2.5, 2.6]))
+    assert not priced.draft
+    assert priced.explain["predicted_s"]["step_1"] == pytest.approx(3.0 * 0.044)
+    learnt = PolicyStats()  # a request's own cost model tells the stats its drifts
+    costs = CostModel(table=QWEN_LLAMA_CPU)
+    for _ in range(30):
+        costs.observe_step(3.0 * 0.044)
+    metrics = type("M", (), dict(cot_tokens=300, answer_tokens=50, accepted_prefix_tokens=0, mode="ar",
+                                 seconds={}, cot_accepted_tokens=0, spans_beside_child=False, stages=[]))
+    learnt.observe(metrics, [], [], [], costs)
+    assert learnt.step_drifts == [pytest.approx(3.0, rel=0.01)] and learnt.score_drifts == [1.0]
+    assert learnt.priced(CostModel(table=QWEN_LLAMA_CPU)).step(2) == pytest.approx(3.0 * 0.063, rel=0.01)
+    assert PolicyStats().priced(costs) is costs and learnt.priced(CostModel()).table is None
+
+
 def test_fixed_policy_and_plain_modes_follow_the_flags():
     fixed = plan_request(GenerationConfig(mode="ssr", policy="fixed", draft_at=10, draft_interval=20,
                                           thinking_budget=60), CostModel(table=SMOL_LLAMA_CPU), PolicyStats())

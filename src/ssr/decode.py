@@ -31,9 +31,9 @@ from dataclasses import replace
 import numpy as np
 
 from .config import GenerationConfig
+from .costs import CostModel
 from .draft import Draft, DraftChildren
 from .engines.base import Engine, shares_passes
-from .costs import CostModel
 from .metrics import Metrics, StageClock
 from .policy import Plan, PolicyStats, plan_request
 from .proposers import Proposer, ResponseHistory, request_proposer
@@ -98,7 +98,7 @@ class Generation(DraftChildren, Walk):
                 self.metrics.engine["suffix_spans"] = "past the match" if self.extend is not None else "match length"
             if hasattr(proposer, "implementation"):  # the suffix tree's: arctic-inference or ssr's own
                 self.metrics.engine["suffix_tree"] = proposer.implementation
-            # 1. think (a draft child forks at b_d; CoT spans while none lives)
+            # 1. think (a draft child forks at b_d; CoT spans, beside it where passes are shared)
             cot_ids, pending, cot_end, drafts = yield from self._think(self.prompt_ids[-1], clock, proposer)
             since = clock.add("cot", since)
             # 2. close the CoT, verify the latest draft
@@ -142,7 +142,7 @@ class Generation(DraftChildren, Walk):
         while len(cot_ids) < config.thinking_budget:
             if stages and len(cot_ids) == stages[0]:
                 stages.pop(0)
-                drafts.append(self._fork_draft(self.parent, pending, len(cot_ids), clock, drafts[-1] if drafts else None))
+                drafts.append(self._fork_draft(pending, len(cot_ids), clock, drafts[-1] if drafts else None))
             child = drafts[-1] if drafts and drafts[-1].seq is not None else None
             if proposer is not None and (child is None or metrics.spans_beside_child):
                 room = min([config.thinking_budget] + stages[:1]) - len(cot_ids) - 1  # tokens after the bonus

@@ -256,7 +256,8 @@ def table(result: dict) -> str:
     measured = Costs.from_dict(costs)
     for key, label, tokens in (("span_17_with_child_s", "span of 17 + a child's step (2 sequences)", 18),
                                ("three_spans_17_with_child_s", "3 spans of 17 + a child's step (4 sequences)", 52)):
-        lines.append(f"| {label} | {passes[key]:.5f} | {passes[key] / step:.2f} | {measured.score(tokens) / step:.2f} |")
+        modelled = measured.score(tokens) / step
+        lines.append(f"| {label} | {passes[key]:.5f} | {passes[key] / step:.2f} | {modelled:.2f} |")
     identical = sum(row["identical"] for row in result["identity"])
     lines += ["", f"Python + launch overhead: a width-64 skeleton of the same layers steps in "
               f"{result['skeleton_step_s']:.5f} s = {result['launch_share']:.0%} of a step.",

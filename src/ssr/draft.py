@@ -34,17 +34,16 @@ class Draft:
 class DraftChildren:
     """The draft children of decode.Generation: forked from the parent, bootstrapped from the
     previous stage's draft, grown a token per parent pass, finished at EOS, m tokens or the
-    CoT's end. Needs the generation's engine, config, plan, rng, metrics and its _score,
+    CoT's end. Needs the generation's engine, parent, config, plan, rng, metrics and its _score,
     _verify_chunked, _own, _drop and _now."""
 
-    def _fork_draft(self, parent: int, pending: int, cot_len: int, clock: StageClock,
-                    previous: Draft | None) -> Draft:
-        """A child forked from the parent, the end of thinking forced. With a previous
+    def _fork_draft(self, pending: int, cot_len: int, clock: StageClock, previous: Draft | None) -> Draft:
+        """A child forked from the parent (self.parent), the end of thinking forced. With a previous
         stage's draft it is bootstrapped: that draft is verified on the child in chunks
         (as the parent verifies at its end) and the child goes on from the accepted prefix."""
         if previous is not None and previous.seq is not None:  # superseded: its tokens are all we need
             self._finish_draft(previous, clock)
-        draft = Draft(seq=self._own(self.engine.fork(parent)), forked_at=cot_len, started_s=clock.now())
+        draft = Draft(seq=self._own(self.engine.fork(self.parent)), forked_at=cot_len, started_s=clock.now())
         fed = [pending] + self.forced_end_ids + self.answer_prefix_ids
         if previous is None or not previous.token_ids:
             rows = self._score(draft.seq, fed)

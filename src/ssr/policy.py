@@ -5,7 +5,8 @@ verifying it adds a scored token. On a GPU both are ~0; on a CPU a second sequen
 costs 0.4-1.3 steps. The policy predicts, per request, from
 
   - the engine's cost table (costs.engine_costs: measured once, cached, rescaled to the
-    machine's speed now; a drift factor learnt from every call of every request), and
+    machine's speed now; each request learns drift factors from its own calls, and the plan
+    prices a draft at the median drifts of earlier requests: their context, their load), and
   - statistics of earlier requests (CoT and answer lengths, how many draft tokens ended up
     used: accepted as the answer's prefix, or found again in the answer by suffix decoding),
 
@@ -17,15 +18,13 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 from .config import GenerationConfig
 from .costs import CostModel
 from .spans import AcceptanceStats
 
 SEED_NGRAM = 4  # answer tokens count as found in the draft when this n-gram ending at them is there
-
-
 
 
 @dataclass
@@ -44,13 +43,22 @@ class PolicyStats:
     window: int = 32  # requests kept for the length medians
     cot_open_tokens: float = 0.0  # ssr's CoT tokens decoded with spans on (no child lived, or passes shared), summed
     cot_span_accepted: float = 0.0  # of those, accepted from CoT spans, summed
+    # the engine's speed on earlier requests against its cost table (CostModel.drift, score_drift
+    # at each request's end): a table probed at a short context prices a long prompt's steps low,
+    # while answer_s above is measured at the requests' own context; the plan prices both alike
+    step_drifts: list[float] = field(default_factory=list)
+    score_drifts: list[float] = field(default_factory=list)
     # span acceptance per phase ("cot", "answer") and source, as the latest request left it: the
     # next request's span policy starts from it (SpanPolicy.carry), not from the prior alone
     spans: dict[str, dict[str, AcceptanceStats]] = field(default_factory=dict)
 
     def observe(self, metrics, draft_ids: Sequence[int], answer_ids: Sequence[int],
-                known_ids: Sequence[int]) -> None:
-        """After a request: its metrics, final draft, answer, and prompt + CoT (known_ids)."""
+                known_ids: Sequence[int], costs: CostModel | None = None) -> None:
+        """After a request: its metrics, final draft, answer, prompt + CoT (known_ids) and the
+        cost model it learnt from its own calls."""
+        if costs is not None and costs.table is not None:
+            self.step_drifts = (self.step_drifts + [costs.drift])[-self.window :]
+            self.score_drifts = (self.score_drifts + [costs.score_drift])[-self.window :]
         self.cot_tokens = (self.cot_tokens + [metrics.cot_tokens])[-self.window :]
         self.answer_tokens = (self.answer_tokens + [metrics.answer_tokens])[-self.window :]
         continued = metrics.answer_tokens - metrics.accepted_prefix_tokens
@@ -73,6 +81,13 @@ class PolicyStats:
 
     def expected_answer(self) -> int | None:
         return int(statistics.median(self.answer_tokens)) if self.answer_tokens else None
+
+    def priced(self, costs: CostModel) -> CostModel:
+        """costs at the speed earlier requests saw (median drifts), where they measured one."""
+        if costs.table is None or not self.step_drifts:
+            return costs
+        return replace(costs, drift=statistics.median(self.step_drifts),
+                       score_drift=statistics.median(self.score_drifts))
 
     @property
     def cot_span_rate(self) -> float:
@@ -148,7 +163,8 @@ def plan_request(config: GenerationConfig, costs: CostModel, stats: PolicyStats,
     # 1. how long the draft would be: the typical answer, at most --draft-tokens
     expected_answer = stats.expected_answer()
     draft_tokens = min(config.draft_tokens, config.max_tokens, max(16, expected_answer or config.draft_tokens))
-    # 2. what a draft token costs and what a used one saves (seconds)
+    # 2. what a draft token costs and what a used one saves (seconds), both at earlier requests' speed
+    costs = stats.priced(costs)
     batched_s = max(0.0, costs.step(2) - costs.step(1))  # the child riding in the parent's step
     scored_s = max(0.0, (costs.cost(draft_tokens + 1) - costs.cost(1)) / draft_tokens)  # verifying it
     answer_s = stats.answer_s / stats.answer_count if stats.answer_count else costs.step(1)

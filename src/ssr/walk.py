@@ -77,7 +77,8 @@ class Walk:
             cot_ids=cot_ids, answer_ids=self.answer_ids, draft_ids=draft_ids, forced_ids=self._forced_ids,
             metrics=self.metrics, trace=self._trace)
         if self.stats is not None:
-            self.stats.observe(self.metrics, draft_ids, self.answer_ids, self.prompt_ids + cot_ids)
+            self.stats.observe(self.metrics, draft_ids, self.answer_ids, self.prompt_ids + cot_ids,
+                               getattr(self, "costs", None))
 
     def __iter__(self) -> Iterator[Chunk]:
         return self._run()
