@@ -188,11 +188,7 @@ class Generation(DraftChildren, Walk):
         end marker, EOS, loops), a living child's step in the same forward pass: returns
         (pending token or None, how the CoT ended or "")."""
         base, start, at = self.engine.length(self.parent), self._now(), len(cot_ids)
-        scored = self._score_candidates(pending, [span for _, span in proposals], child, clock)  # 2.
-        for rows in scored:  # [k_i + 1, vocab] each
-            rows[:, self.banned_ids] = -np.inf
-        verdicts = [self._verdict(span, rows) for (_, span), rows in zip(proposals, scored)]  # 3.
-        won = self._keep_branch(verdicts)
+        won, verdicts = self._verify_candidates(pending, proposals, child, clock, thinking=True)  # 2.-3.
         (source, span), verdict = proposals[won], verdicts[won]
         committed = span[: verdict.num_accepted] + [verdict.next_token]
         end, fed = "", 0  # fed: tokens processed; the last of them becomes pending
@@ -284,9 +280,7 @@ class Generation(DraftChildren, Walk):
                 yield from self._commit([self._verdict([], rows).next_token], proposer)
                 continue
             base, start = self.engine.length(self.parent), self._now()
-            scored = self._score_candidates(pending, [span for _, span in proposals])  # 2. [k_i + 1, vocab] each
-            verdicts = [self._verdict(span, rows) for (_, span), rows in zip(proposals, scored)]  # 3.
-            won = self._keep_branch(verdicts)
+            won, verdicts = self._verify_candidates(pending, proposals)  # 2.-3.
             (source, span), verdict = proposals[won], verdicts[won]
             self.engine.truncate(self.parent, base + 1 + verdict.num_accepted)  # 4.
             metrics.verify_passes += 1
@@ -309,6 +303,18 @@ class Generation(DraftChildren, Walk):
             free = self.engine.max_sequences - getattr(self.engine, "live_sequences", lambda: len(self._live))()
             return spans.choose_many(found, min(self.branches, 1 + max(0, free)))
         return found[:1]
+
+    def _verify_candidates(self, pending: int, proposals: list[tuple[str, list[int]]], child: Draft | None = None,
+                           clock: StageClock | None = None, thinking: bool = False) -> tuple[int, list[Verdict]]:
+        """Score every candidate span in one pass (a living child's step beside them), verify each
+        (thinking: under the CoT's banned tokens) and keep the winning branch as the parent:
+        (the winner's index, every candidate's verdict)."""
+        scored = self._score_candidates(pending, [span for _, span in proposals], child, clock)  # [k_i + 1, vocab] each
+        if thinking:
+            for rows in scored:
+                rows[:, self.banned_ids] = -np.inf
+        verdicts = [self._verdict(span, rows) for (_, span), rows in zip(proposals, scored)]
+        return self._keep_branch(verdicts), verdicts
 
     def _score_candidates(self, pending: int, spans: list[list[int]], child: Draft | None = None,
                           clock: StageClock | None = None) -> list[np.ndarray]:
