@@ -31,6 +31,14 @@ class SlowFake(FakeEngine):
         return super().step(batch)
 
 
+def wait_until(condition, timeout_s: float = 120.0) -> None:
+    """Poll until condition() holds (a test waits on states, never on fixed sleeps)."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "the state was not reached in time"
+        time.sleep(0.01)
+
+
 def make_app(engine=None, **options):
     model = SSR("fake", engine=engine or FakeEngine(max_sequences=4))
     return create_app(model, "fake", defaults=DEFAULTS, **options)
@@ -163,11 +171,11 @@ def test_drain_lets_running_requests_finish_and_refuses_new_ones():
         replies = []
         worker = threading.Thread(target=lambda: replies.append(http.post("/v1/chat/completions", json=CHAT)))
         worker.start()
-        time.sleep(0.3)  # it is decoding now
+        wait_until(lambda: app.state.scheduler.running is not None)  # it is running now
         outcome = {}
         drain = threading.Thread(target=lambda: outcome.update(app.state.scheduler.drain(grace_s=30)))
         drain.start()
-        time.sleep(0.1)
+        wait_until(lambda: app.state.scheduler.draining)
         refused = http.post("/v1/chat/completions", json=CHAT)
         assert refused.status_code == 503 and refused.json()["error"]["code"] == "shutting_down"
         assert http.get("/health").status_code == 503
@@ -188,12 +196,14 @@ def test_drain_past_its_grace_cancels_with_503_and_frees_sequences():
             with http.stream("POST", "/v1/chat/completions", json={**CHAT, "stream": True}) as reply:
                 streams.append([line for line in reply.iter_lines() if line.startswith("data: ")])
 
+        scheduler = app.state.scheduler
         workers = [threading.Thread(target=stream),  # running, mid-stream at the drain
                    threading.Thread(target=lambda: replies.append(http.post("/v1/chat/completions", json=CHAT)))]
-        for worker in workers:
-            worker.start()
-            time.sleep(0.2)
-        outcome = app.state.scheduler.drain(grace_s=0.0)
+        workers[0].start()
+        wait_until(lambda: scheduler.running is not None)  # states, not sleeps: a first request may
+        workers[1].start()  # spend seconds on a one-time cost probe
+        wait_until(lambda: scheduler.waiting == 1)
+        outcome = scheduler.drain(grace_s=0.0)
         for worker in workers:
             worker.join()
         assert outcome["cancelled"] == 2

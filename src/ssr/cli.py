@@ -1,4 +1,4 @@
-"""Command line: `ssr generate | bench | report | calibrate | simulate | serve | models`.
+"""Command line: `ssr generate | bench | report | calibrate | simulate | traces | serve | models`.
 
 Bad input gives one line on stderr and exit code 2; no tracebacks (set SSR_DEBUG=1
 to see them).
@@ -93,6 +93,34 @@ def build_parser() -> argparse.ArgumentParser:
                      help="write the rows (with the planned drafts) to this file")
     sim.add_argument("--json", action="store_true", help="print the table as JSON")
     sim.add_argument("--markdown", action="store_true", help="print the table as markdown")
+
+    traces = commands.add_parser(
+        "traces", help="replay what reasoning models wrote (trace files, chat-completions logs) in every mode",
+        description="Replay text traces through the real decoding loop in every mode, under a cost model, and "
+                    "print each mode's latency ratio to ar. Reads JSONL (gzip or not), one trace a line: "
+                    '{"prompt", "cot", "answer", "model", "task_id"}; an OpenAI chat-completions pair '
+                    '{"request": {"messages": [...]}, "response": {"choices": [{"message": {"content", '
+                    '"reasoning_content"}}]}}; or a served request {"messages", "reasoning", "answer", "model"}.')
+    traces.add_argument("files", nargs="+", help="trace files or logs (.jsonl, .jsonl.gz)")
+    traces.add_argument("--modes", default="ar,ssr,paper,suffix,ngram,pld",
+                        help="comma-separated, from ar, ssr, paper (the CoT decoded plainly), suffix, ngram, pld")
+    traces.add_argument("--orders", default="cold,deployment",
+                        help="cold (each trace alone) and/or deployment (file order, earlier responses cached)")
+    traces.add_argument("--cost-model", default="gpu",
+                        help="comma-separated: the preset 'gpu' and/or JSON files from ssr calibrate (default gpu)")
+    traces.add_argument("--tokenizer", default=DEFAULT_MODEL,
+                        help=f"registry model or .gguf (its vocabulary), a tokenizer.json or a folder with one "
+                             f"(default {DEFAULT_MODEL}: Qwen2's BPE, shared by Qwen3, QwQ and R1-Distill-Qwen)")
+    traces.add_argument("--limit", type=int, default=None, help="traces per (set, model) group, the first in file order")
+    traces.add_argument("--group", action="append", dest="groups", default=None,
+                        help="only groups ('set / model') holding this text; repeatable")
+    traces.add_argument("--host", default="off",
+                        help="the loop's host time on the modelled clock: off (measured beside it, default), "
+                             "measured, or milliseconds per pass")
+    traces.add_argument("--step-ms", type=float, default=6.0,
+                        help="the step time for the ratio with host time added (default 6: an 8B model on an H200)")
+    traces.add_argument("--out", default="results/traces", help="folder for rows.jsonl and report.md")
+    traces.add_argument("--markdown", action="store_true", help="print the tables as markdown")
 
     serve = commands.add_parser("serve", help="OpenAI-compatible HTTP server (chat and completions)")
     add_model_arguments(serve)
@@ -320,6 +348,12 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     return run(args)
 
 
+def cmd_traces(args: argparse.Namespace) -> int:
+    from .bench.commands import cmd_traces as run
+
+    return run(args)
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     defaults = generation_config(args)
     if not 0 < args.port < 65536:
@@ -366,7 +400,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
         commands = {"generate": cmd_generate, "bench": cmd_bench, "report": cmd_report,
-                    "calibrate": cmd_calibrate, "simulate": cmd_simulate, "serve": cmd_serve,
+                    "calibrate": cmd_calibrate, "simulate": cmd_simulate, "traces": cmd_traces, "serve": cmd_serve,
                     "models": cmd_models}
         return commands[args.command](args)
     except (UsageError, ConfigError) as error:

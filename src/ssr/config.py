@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-MODES = ("ar", "ssr", "ssr-prefix", "ssr-suffix", "suffix", "pld")
+MODES = ("ar", "ssr", "ssr-prefix", "ssr-suffix", "suffix", "pld", "ngram")
 DRAFT_MODES = ("ssr", "ssr-prefix", "ssr-suffix")  # modes that fork draft children
 VERIFY_MODES = ("exact", "approx")
 POLICIES = ("auto", "fixed")
@@ -74,6 +74,7 @@ class GenerationConfig:
     verify: str = "exact"  # sampling only: "exact" rejection sampling or "approx" resampling
     suffix: SuffixParams = field(default_factory=SuffixParams)
     adaptive_spans: bool = True  # cut spans to what the measured engine costs make worth it
+    cot_spans: bool = True  # speculate the CoT too (False: the paper's regime, the CoT decoded plainly)
     verify_chunk: int = 16  # draft tokens in the first verify pass; doubles while all accepted
     repetition_stop: int = 16  # CoT or answer ends when its last N lines repeat a block (text.LoopGuard); 0 = off
 
@@ -108,9 +109,9 @@ class GenerationConfig:
 
     @property
     def proposer(self) -> str | None:
-        """Continuation proposer: 'suffix', 'pld' or None (plain decoding)."""
+        """Continuation proposer: 'suffix', 'pld', 'ngram' or None (plain decoding)."""
         if self.mode in ("ssr", "ssr-suffix", "suffix"):
             return "suffix"
-        if self.mode == "pld":
-            return "pld"
+        if self.mode in ("pld", "ngram"):
+            return self.mode
         return None

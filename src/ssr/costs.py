@@ -274,8 +274,23 @@ class CostModel:
         """num_tokens fed to one sequence in one pass."""
         if self.table is not None:
             return self.drift * self.table.step(1) if num_tokens <= 1 else \
-                self.score_drift * self.table.score(num_tokens)
+                self.score_drift * self._score_table(num_tokens)
         return self.step_s + self.token_s * max(0, num_tokens - 1)
+
+    def costs(self, max_tokens: int) -> list[float]:
+        """[cost(1), ..., cost(max_tokens)]: every span length priced in one call (span pricing)."""
+        if self.table is None:
+            return [self.cost(k) for k in range(1, max_tokens + 1)]
+        self._score_table(max_tokens)
+        return [self.drift * self.table.step(1)] + [self.score_drift * s for s in self._scores[1:max_tokens]]
+
+    def _score_table(self, num_tokens: int) -> float:
+        """table.score(num_tokens) (context-free), from a list built once per table and length."""
+        scores = getattr(self, "_scores", None)
+        if scores is None or getattr(self, "_scores_of", None) is not self.table or len(scores) < num_tokens:
+            self._scores_of = self.table
+            self._scores = scores = [self.table.score(k) for k in range(1, max(num_tokens, 128) + 1)]  # [k - 1]
+        return scores[num_tokens - 1]
 
     def step(self, num_sequences: int) -> float:
         """One token for each of num_sequences in one pass (no table: no batching gain)."""

@@ -58,6 +58,8 @@ class Generation(DraftChildren, Walk):
         self._proposer = proposer  # spans from this proposer instead of the mode's (`ssr simulate --spans recorded`)
         self.banned_ids = np.asarray(sorted(banned_ids), dtype=np.int64)  # -inf while thinking
         self.rng = np.random.default_rng(config.sampling.seed)
+        # greedy on an engine that picks the argmax where its logits live: token ids come back, not rows
+        self.ids = config.sampling.greedy and getattr(engine, "returns_ids", False)
         self._now = getattr(engine, "clock", time.perf_counter)  # a replay engine models its own seconds
         # engine costs: the model's (measured, rescaled at start-up), learnt further from this
         # request's own calls only, so one request's load (another mode, a busy machine) does not
@@ -144,7 +146,7 @@ class Generation(DraftChildren, Walk):
                 stages.pop(0)
                 drafts.append(self._fork_draft(pending, len(cot_ids), clock, drafts[-1] if drafts else None))
             child = drafts[-1] if drafts and drafts[-1].seq is not None else None
-            if proposer is not None and (child is None or metrics.spans_beside_child):
+            if proposer is not None and config.cot_spans and (child is None or metrics.spans_beside_child):
                 room = min([config.thinking_budget] + stages[:1]) - len(cot_ids) - 1  # tokens after the bonus
                 proposals = self._propose(proposer, room, self.cot_spans)
                 if proposals:
@@ -157,13 +159,15 @@ class Generation(DraftChildren, Walk):
             batch = [(self.parent, pending)]
             if child is not None:
                 batch.append((child.seq, child.token_ids[-1]))
-            logits = self._step(batch)  # [len(batch), vocab]
+            logits = self._step(batch, thinking=True)  # [len(batch), vocab], or [len(batch)] token ids
+            metrics.cot_steps += 1
             if child is not None:
                 child.written += 1
                 self._grow_draft(child, logits[1], clock)
             row = logits[0].copy()
-            row[self.banned_ids] = -np.inf
-            token = self._verdict([], row[None, :]).next_token
+            if row.ndim:  # logits: the parent's row masked; ids: the engine masked it
+                row[self.banned_ids] = -np.inf
+            token = self._verdict([], row[None]).next_token
             chunk, end = self._cot_token(token, cot_ids, stream)
             if chunk:
                 yield chunk
@@ -309,25 +313,26 @@ class Generation(DraftChildren, Walk):
         """Score every candidate span in one pass (a living child's step beside them), verify each
         (thinking: under the CoT's banned tokens) and keep the winning branch as the parent:
         (the winner's index, every candidate's verdict)."""
-        scored = self._score_candidates(pending, [span for _, span in proposals], child, clock)  # [k_i + 1, vocab] each
-        if thinking:
-            for rows in scored:
+        scored = self._score_candidates(pending, [span for _, span in proposals], child, clock, thinking)
+        for rows in scored if thinking else ():  # [k_i + 1, vocab] each (ids: masked by the engine)
+            if rows.ndim == 2:
                 rows[:, self.banned_ids] = -np.inf
         verdicts = [self._verdict(span, rows) for (_, span), rows in zip(proposals, scored)]
         return self._keep_branch(verdicts), verdicts
 
     def _score_candidates(self, pending: int, spans: list[list[int]], child: Draft | None = None,
-                          clock: StageClock | None = None) -> list[np.ndarray]:
-        """[pending] + each span scored in one forward pass -> rows [k_i + 1, vocab] per span: the
+                          clock: StageClock | None = None, thinking: bool = False) -> list[np.ndarray]:
+        """[pending] + each span scored in one forward pass -> rows [k_i + 1, vocab] (or token ids
+        [k_i + 1]) per span: the
         first span on the parent, each other on a fresh fork of it (a branch); a living child
         takes its next step in the same pass (engine.score_batch)."""
         if len(spans) == 1 and child is None:
-            return [self._score(self.parent, [pending] + spans[0]).copy()]
+            return [self._score(self.parent, [pending] + spans[0], thinking=thinking).copy()]
         self._forks = [self._own(self.engine.fork(self.parent)) for _ in spans[1:]]
         feeds = [(seq, [pending] + span) for seq, span in zip([self.parent] + self._forks, spans)]
         if child is not None:
             feeds.append((child.seq, child.token_ids[-1:]))
-        rows = [each.copy() for each in self.engine.score_batch(feeds)]
+        rows = [each.copy() for each in self.engine.score_batch(feeds, **self._want(thinking))]
         if child is not None:
             self.metrics.shared_passes += 1
             child.written += 1
@@ -359,10 +364,17 @@ class Generation(DraftChildren, Walk):
 
     # -- helpers ------------------------------------------------------------------------
 
-    def _step(self, batch: list[tuple[int, int]]) -> np.ndarray:
-        """engine.step, timed: solo steps teach the cost model."""
+    def _want(self, thinking: bool) -> dict:
+        """What to ask the engine for: token ids (greedy, on engines that argmax where the logits
+        live; while thinking the banned tokens are masked there, `banned`) or rows (no keywords)."""
+        if not self.ids:
+            return {}
+        return {"ids": True, "banned": self.banned_ids} if thinking and len(self.banned_ids) else {"ids": True}
+
+    def _step(self, batch: list[tuple[int, int]], thinking: bool = False) -> np.ndarray:
+        """engine.step, timed: solo steps teach the cost model. Rows [n, vocab] or ids [n]."""
         start = self._now()
-        rows = self.engine.step(batch)
+        rows = self.engine.step(batch, **self._want(thinking))
         self.metrics.decode_steps += 1
         if len(batch) == 1:
             self.costs.observe_step(self._now() - start)
@@ -370,10 +382,10 @@ class Generation(DraftChildren, Walk):
             self.metrics.batched_steps += 1
         return rows
 
-    def _score(self, seq: int, token_ids: list[int]) -> np.ndarray:
-        """engine.score, timed for the cost model."""
+    def _score(self, seq: int, token_ids: list[int], thinking: bool = False) -> np.ndarray:
+        """engine.score, timed for the cost model. Rows [k, vocab] or ids [k]."""
         start = self._now()
-        rows = self.engine.score(seq, token_ids)
+        rows = self.engine.score(seq, token_ids, **self._want(thinking))
         self.costs.observe_score(len(token_ids), self._now() - start)
         return rows
 

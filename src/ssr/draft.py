@@ -72,8 +72,8 @@ class DraftChildren:
             probs = target_probs(logits, sampling)  # the draft distribution q
             draft.probs.append(probs)
             token = sample(probs, self.rng) if token is None else token
-        elif token is None:
-            token = int(np.argmax(logits))
+        elif token is None:  # logits [vocab], or the token id the engine chose
+            token = int(np.argmax(logits)) if np.ndim(logits) else int(logits)
         draft.token_ids.append(token)
         if token in self.engine.eos_ids or len(draft.token_ids) >= self._draft_limit():
             self._finish_draft(draft, clock)

@@ -27,6 +27,7 @@ class Metrics:
     cot_accepted_tokens: int = 0  # of those, accepted
     cot_passes: int = 0  # score passes over CoT spans
     decode_steps: int = 0  # single-token steps (batched with a draft child or not)
+    cot_steps: int = 0  # of those, steps of the CoT (the rest: the answer's)
     batched_steps: int = 0  # of those, steps that carried a draft child too
     shared_passes: int = 0  # CoT span passes that carried a draft child's step too (one forward pass)
     spans_beside_child: bool = False  # the engine shares passes: CoT spans go on while a child lives

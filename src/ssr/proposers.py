@@ -239,14 +239,15 @@ class SuffixProposer(_OneSource):
 
 class PromptLookupProposer(_OneSource):
     """Prompt-lookup decoding as transformers runs it (`prompt_lookup_num_tokens=10`, its
-    default `max_matching_ngram_size=2`): the last n tokens (n = 2, then 1) are looked up in
-    prompt + output, the earliest occurrence with a continuation wins, and the 10 tokens after
-    it are proposed, every step, CoT included."""
+    default `max_matching_ngram_size=2`): the last n tokens (n = max_ngram down to min_ngram)
+    are looked up in prompt + output, the earliest occurrence with a continuation wins, and the
+    num_tokens tokens after it are proposed, every step, CoT included."""
 
     source = "lookup"
 
-    def __init__(self, seed: Sequence[int], max_ngram: int = 2, num_tokens: int = 10) -> None:
+    def __init__(self, seed: Sequence[int], max_ngram: int = 2, num_tokens: int = 10, min_ngram: int = 1) -> None:
         self.max_ngram = max_ngram  # longest n-gram matched first
+        self.min_ngram = min_ngram  # shortest n-gram matched
         self.num_tokens = num_tokens  # tokens proposed after the match
         self.tokens: list[int] = []  # everything the model has seen
         self._first: dict[tuple[int, ...], int] = {}  # n-gram -> start of its earliest occurrence
@@ -256,20 +257,32 @@ class PromptLookupProposer(_OneSource):
         """Prompt lookup reads the request's own tokens only."""
 
     def observe(self, token_ids: Sequence[int]) -> None:
-        tokens = self.tokens
+        tokens, first, low = self.tokens, self._first, self.min_ngram
         for token in token_ids:
             tokens.append(token)
-            for size in range(1, min(self.max_ngram, len(tokens)) + 1):
-                self._first.setdefault(tuple(tokens[-size:]), len(tokens) - size)
+            for size in range(low, min(self.max_ngram, len(tokens)) + 1):
+                first.setdefault(tuple(tokens[-size:]), len(tokens) - size)
 
     def propose(self, max_tokens: int) -> tuple[list[int], list[float] | None]:
         limit = min(max_tokens, self.num_tokens)
         tokens = self.tokens
-        for size in range(min(self.max_ngram, len(tokens) - 1), 0, -1):
+        for size in range(min(self.max_ngram, len(tokens) - 1), self.min_ngram - 1, -1):
             start = self._first.get(tuple(tokens[-size:]))
             if limit > 0 and start is not None and start < len(tokens) - size:  # not the suffix itself
                 return tokens[start + size : start + size + limit], None
         return [], None
+
+
+def vllm_ngram(prompt: Sequence[int]) -> PromptLookupProposer:
+    """The `ngram` peer: vLLM's `ngram` method as vLLM's docs configure it,
+    {"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_max": 4}; prompt_lookup_min
+    left unset then equals prompt_lookup_max (vllm/config/speculative.py). Its proposer
+    (vllm/v1/spec_decode/ngram_proposer.py) takes the longest n-gram in [min, max] ending the
+    context (prompt + output) that occurred before, at its earliest occurrence, and proposes the
+    k tokens after it: prompt lookup with n = 4 exactly and 5 tokens."""
+    proposer = PromptLookupProposer(prompt, max_ngram=4, num_tokens=5, min_ngram=4)
+    proposer.source = "ngram"
+    return proposer
 
 
 def request_proposer(config, extend_prob: float | None, prompt_ids: Sequence[int],
@@ -295,4 +308,6 @@ def request_proposer(config, extend_prob: float | None, prompt_ids: Sequence[int
         return suffix_peer(prompt_ids, history)
     if kind == "pld":
         return PromptLookupProposer(prompt_ids)
+    if kind == "ngram":
+        return vllm_ngram(prompt_ids)
     return None

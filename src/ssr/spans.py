@@ -25,11 +25,12 @@ def best_span_length(accept_probs: Sequence[float], costs: CostModel) -> int:
 
 def best_span(accept_probs: Sequence[float], costs: CostModel) -> tuple[int, float]:
     """(best length, its expected tokens per second); length 0 is a plain step."""
-    best_len, best_rate = 0, 1.0 / costs.cost(1)
+    priced = costs.costs(len(accept_probs) + 1)  # [k - 1]: a pass over k tokens
+    best_len, best_rate = 0, 1.0 / priced[0]
     expected = 0.0
     for length, prob in enumerate(accept_probs, start=1):
         expected += prob
-        rate = (1.0 + expected) / costs.cost(length + 1)  # pending token + span in one pass
+        rate = (1.0 + expected) / priced[length]  # pending token + span in one pass
         if rate > best_rate:
             best_len, best_rate = length, rate
     return best_len, best_rate

@@ -20,14 +20,15 @@ class Verdict:
     recovered: bool  # True: next_token replaces draft_ids[num_accepted]
 
 
-def verify_greedy(draft_ids: np.ndarray, target_logits: np.ndarray) -> Verdict:
+def verify_greedy(draft_ids: np.ndarray, target: np.ndarray) -> Verdict:
     """Accept while the target's argmax equals the draft.
 
-    draft_ids: [k]; target_logits: [k + 1, vocab] (row i predicts position i).
+    draft_ids: [k]; target: logits [k + 1, vocab] (row i predicts position i), or the target's
+    argmax token ids [k + 1] (engines that pick them where the logits live).
     """
     num_draft = len(draft_ids)
-    _check_rows(num_draft, target_logits)
-    target_ids = np.argmax(target_logits, axis=-1)  # [k + 1]
+    _check_rows(num_draft, target, ids=True)
+    target_ids = target if target.ndim == 1 else np.argmax(target, axis=-1)  # [k + 1]
     matches = target_ids[:num_draft] == np.asarray(draft_ids)
     num_accepted = num_draft if matches.all() else int(np.argmin(matches))
     return Verdict(num_accepted, int(target_ids[num_accepted]), num_accepted < num_draft)
@@ -71,8 +72,8 @@ def verify_sampled(
     return Verdict(num_draft, sample(target_probs[num_draft], rng), False)
 
 
-def _check_rows(num_draft: int, target_rows: np.ndarray) -> None:
-    if target_rows.ndim != 2 or target_rows.shape[0] != num_draft + 1:
+def _check_rows(num_draft: int, target_rows: np.ndarray, ids: bool = False) -> None:
+    if target_rows.ndim not in ((1, 2) if ids else (2,)) or target_rows.shape[0] != num_draft + 1:
         raise ValueError(
             f"target needs {num_draft + 1} rows for {num_draft} draft tokens, got {target_rows.shape}"
         )

@@ -56,11 +56,11 @@ def cmd_bench(args: argparse.Namespace, config: GenerationConfig, model_loader) 
         raise ConfigError("--limit and --repeats must be >= 1")
     for mode in modes:
         replace(config, mode=mode)  # validates each mode's budgets
-    data_dir = Path(args.data_dir) if args.data_dir else None
-    items = [item for suite in (args.suites or ["classeval"]) for item in load_suite(suite, data_dir, args.limit)]
     engines = list(dict.fromkeys(e.strip() for e in args.engine.split(",") if e.strip()))
     if not engines or any(e not in ENGINES for e in engines):
         raise ConfigError(f"--engine: give engines from {', '.join(ENGINES)}, comma-separated; got {args.engine!r}")
+    data_dir = Path(args.data_dir) if args.data_dir else None  # flags checked first, then files read
+    items = [item for suite in (args.suites or ["classeval"]) for item in load_suite(suite, data_dir, args.limit)]
     def engine_args(engine: str) -> argparse.Namespace:  # --device is the transformers engine's, --dtype
         own = {} if engine == "transformers" else {"device": None} if engine == "vllm" else \
             {"device": None, "dtype": None}  # also vLLM's
@@ -192,3 +192,65 @@ def _write_rows(path: Path, rows: list[dict]) -> None:
         for row in rows:
             if not row.get("projected"):  # made by --project-modes: not a run
                 out.write(json.dumps(row) + "\n")
+
+
+def cmd_traces(args: argparse.Namespace) -> int:
+    """`ssr traces`: text traces replayed in every mode under cost models (bench/trace_replay.py)."""
+    from tqdm import tqdm
+
+    from ..costs import load_costs
+    from ..engines.vocab import load_vocab
+    from .report import format_sources, sources_table
+    from .trace_replay import ORDERS, CostSetting, format_pass_table, mode_config, pass_table, replay_all
+    from .traces import load_traces, tokenize_trace
+
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    for mode in modes or [""]:
+        mode_config(mode)
+    orders = [o.strip() for o in args.orders.split(",") if o.strip()]
+    if not orders or any(o not in ORDERS for o in orders):
+        raise ConfigError(f"--orders: give cold and/or deployment, comma-separated; got {args.orders!r}")
+    if args.limit is not None and args.limit < 1:
+        raise ConfigError("--limit must be >= 1")
+    if args.step_ms <= 0:
+        raise ConfigError("--step-ms must be > 0")
+    host = _host_setting(args.host)
+    settings = [CostSetting(Path(spec).stem if spec != "gpu" else "gpu", load_costs(spec))
+                for spec in (s.strip() for s in args.cost_model.split(",")) if spec]
+    if not settings:
+        raise ConfigError("--cost-model: give 'gpu' or calibrate JSON files")
+    traces = load_traces([Path(f) for f in args.files], args.limit, args.groups)
+    vocab = load_vocab(args.tokenizer)
+    tokens = [tokenize_trace(t, vocab) for t in tqdm(traces, unit="trace", desc="tokenizing", dynamic_ncols=True,
+                                                      disable=not sys.stderr.isatty())]
+    rows = replay_all(tokens, modes, settings, orders, host, progress=sys.stderr.isatty())
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with open(out_dir / "rows.jsonl", "w", encoding="utf-8") as out:
+        for row in rows:
+            out.write(json.dumps(row) + "\n")
+    print(format_table(summarise(rows), args.markdown))
+    print()
+    print(format_pass_table(pass_table(rows, args.step_ms), args.step_ms, args.markdown))
+    sources = sources_table(rows, lambda row: row["suite"])
+    if sources:
+        print()
+        print(format_sources(sources, args.markdown))
+    note = (f"`ssr traces` on {', '.join(args.files)}: {len(traces)} traces, tokenizer {vocab.name}, costs "
+            f"{', '.join(s.name for s in settings)}, host time {args.host}.")
+    path = write_report(rows, out_dir, note)
+    print(f"\nrows: {out_dir / 'rows.jsonl'}; report: {path}", file=sys.stderr)
+    return 0
+
+
+def _host_setting(text: str):
+    """--host: None (off), "measured", or seconds per pass from milliseconds."""
+    if text in ("off", "measured"):
+        return None if text == "off" else text
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value >= 0:
+        raise ConfigError(f"--host: give off, measured or milliseconds per pass (>= 0), got {text!r}")
+    return value / 1e3

@@ -10,11 +10,18 @@ after a stop), the engine predicts EOS: a stage the run did not record ends ther
 Text is not replayed: tokens decode to nothing, except the token that ended a stage in the
 run, which the engine writes as a token of its own whose text ends the stage the same way
 (the end marker, the answer's stop text, a loop). Budgets and max_tokens apply as in the run.
+
+Greedy loops get token ids instead of rows (`returns_ids`), as from an engine that picks the
+argmax where its logits live. The loop's own host time (everything between two passes:
+proposing, pricing, verifying, committing) is measured, and with `host` it goes on the clock:
+"measured" adds this machine's own, a number adds that many seconds per pass.
 """
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+
+import time
 
 import numpy as np
 
@@ -47,10 +54,15 @@ class ReplayEngine:
     context_size = 1 << 20
     chat_template = None
     bos_text, eos_text = "", ""
+    returns_ids = True  # greedy loops ask for the argmax ids (ids=True), never built as rows
 
-    def __init__(self, model: RowModel, costs: Costs) -> None:
+    def __init__(self, model: RowModel, costs: Costs, host: str | float | None = None) -> None:
         self.model = model
         self.costs = costs  # seconds of each call
+        self.host = host  # the loop's host time on the clock: None (off), "measured", or seconds per pass
+        self.host_s = 0.0  # the loop's host time between passes, measured (or the figure per pass)
+        self.passes = 0  # forward passes: steps, score passes, shared passes
+        self._since: float | None = None  # wall clock when the last pass returned
         ids = model.prompt_ids + model.cot_ids + model.answer_ids + model.draft_ids + model.forced_end_ids
         self.eos_id = max(ids + model.answer_prefix_ids + [0]) + 1  # a token the row never holds
         self.never_id = self.eos_id + 1  # a token the model never predicts (wrong span tokens)
@@ -68,6 +80,8 @@ class ReplayEngine:
         self.draft = [self.answer[i] if i < len(self.answer) and token == model.answer_ids[i] else token
                       for i, token in enumerate(model.draft_ids)]
         self.seconds = 0.0  # the modelled clock
+        self._prompt_len = len(model.prompt_ids)
+        self._forced = model.forced_end_ids + model.answer_prefix_ids  # fed after a forced end
         self._tokens: dict[int, list[int]] = {}  # sequence -> tokens held
         self._forked_at: dict[int, int] = {}  # child -> CoT tokens of the parent when it forked
         self._next = 0
@@ -95,38 +109,62 @@ class ReplayEngine:
         cot_tokens = len(self._tokens[seq]) + 1 - len(self.model.prompt_ids)  # the pending token counts
         return self._new(list(self._tokens[seq]), cot_tokens)
 
-    def step(self, batch: Sequence[tuple[int, int]]) -> np.ndarray:
+    def step(self, batch: Sequence[tuple[int, int]], ids: bool = False, banned=None) -> np.ndarray:
+        """Rows [n, vocab], or with ids the predicted tokens [n] (the row's model writes no
+        banned token: `banned` changes nothing)."""
+        self._begin()
         context = sum(len(self._tokens[seq]) for seq, _ in batch) // len(batch)
         self.seconds += self.costs.step(len(batch), context)
-        rows = []
-        for seq, token in batch:
-            self._tokens[seq].append(token)
-            rows.append(self._logits(seq))
-        return np.stack(rows)
+        out = [self._feed(seq, [token])[0] for seq, token in batch]
+        self._since = time.perf_counter()
+        return self._as(out, ids)
 
-    def score(self, seq: int, token_ids: Sequence[int]) -> np.ndarray:
-        tokens = self._tokens[seq]
-        self.seconds += self.costs.score(len(token_ids), len(tokens))
-        rows = []
-        for token in token_ids:
-            tokens.append(token)
-            rows.append(self._logits(seq))
-        return np.stack(rows)
+    def score(self, seq: int, token_ids: Sequence[int], ids: bool = False, banned=None) -> np.ndarray:
+        self._begin()
+        self.seconds += self.costs.score(len(token_ids), len(self._tokens[seq]))
+        out = self._feed(seq, token_ids)
+        self._since = time.perf_counter()
+        return self._as(out, ids)
 
-    def score_batch(self, feeds: Sequence[tuple[int, Sequence[int]]]) -> list[np.ndarray]:
+    def score_batch(self, feeds: Sequence[tuple[int, Sequence[int]]], ids: bool = False,
+                    banned=None) -> list[np.ndarray]:
         """One pass over every feed: priced as a score pass over all their tokens, at least a
         batched step of that many sequences (the cost tables measure one sequence's passes)."""
+        self._begin()
         context = sum(len(self._tokens[seq]) for seq, _ in feeds) // len(feeds)
         total = sum(len(tokens) for _, tokens in feeds)
         self.seconds += max(self.costs.score(total, context), self.costs.step(len(feeds), context))
-        out = []
-        for seq, token_ids in feeds:
-            tokens, rows = self._tokens[seq], []
-            for token in token_ids:
-                tokens.append(token)
-                rows.append(self._logits(seq))
-            out.append(np.stack(rows))
+        out = [self._as(self._feed(seq, token_ids), ids) for seq, token_ids in feeds]
+        self._since = time.perf_counter()
         return out
+
+    def _begin(self) -> None:
+        """A pass starts: the loop's time since the last one is host time (on the clock with `host`)."""
+        self.passes += 1
+        if isinstance(self.host, (int, float)):
+            self.host_s += self.host
+            self.seconds += self.host
+        elif self._since is not None:
+            gap = time.perf_counter() - self._since
+            self.host_s += gap
+            if self.host == "measured":
+                self.seconds += gap
+
+    def _feed(self, seq: int, token_ids: Sequence[int]) -> list[int]:
+        """Append tokens to seq; the token predicted after each."""
+        tokens, out = self._tokens[seq], []
+        for token in token_ids:
+            tokens.append(token)
+            out.append(self._predict(seq))
+        return out
+
+    def _as(self, predicted: list[int], ids: bool) -> np.ndarray:
+        """Predicted tokens as ids [n], or as rows [n, vocab] putting each first."""
+        if ids:
+            return np.asarray(predicted, dtype=np.int64)
+        rows = np.full((len(predicted), self.vocab_size), -30.0, dtype=np.float32)  # [n, vocab]
+        rows[np.arange(len(predicted)), predicted] = 30.0
+        return rows
 
     def truncate(self, seq: int, length: int) -> None:
         del self._tokens[seq][length:]
@@ -150,35 +188,29 @@ class ReplayEngine:
 
     # -- the model ------------------------------------------------------------------------------
 
-    def _logits(self, seq: int) -> np.ndarray:
-        row = np.full(self.vocab_size, -30.0, dtype=np.float32)  # [vocab]
-        row[self._predict(seq)] = 30.0
-        return row
-
     def _predict(self, seq: int) -> int:
         """The token the row's model wrote after this sequence's tokens (EOS where unknown)."""
-        model = self.model
-        output = self._tokens[seq][len(model.prompt_ids):]
+        model, tokens = self.model, self._tokens[seq]
+        output_len = len(tokens) - self._prompt_len
         if seq in self._forked_at and self._is_child(seq):  # a child: CoT[:b] + forced end + answer prefix + draft
             if self._forked_at[seq] != model.draft_forked_at:
                 return self.eos_id
-            written = len(output) - self._forked_at[seq] - len(model.forced_end_ids) - len(model.answer_prefix_ids)
+            written = output_len - self._forked_at[seq] - len(self._forced)
             return _at(self.draft, written, self.eos_id)
-        if len(output) <= len(self.cot):
-            return _at(self.cot, len(output), self.eos_id)
-        after = output[len(self.cot):]
-        for forced in (model.forced_end_ids + model.answer_prefix_ids, model.answer_prefix_ids):
-            if len(after) >= len(forced) and after[: len(forced)] == forced:
-                return _at(self.answer, len(after) - len(forced), self.eos_id)
+        if output_len < len(self.cot) or (output_len == len(self.cot) and model.cot_end == "eos"):
+            return _at(self.cot, output_len, self.eos_id)  # past the CoT: the EOS that ended it
+        after = self._prompt_len + len(self.cot)  # where the forced tokens start
+        for forced in (self._forced, model.answer_prefix_ids):
+            if output_len - len(self.cot) >= len(forced) and tokens[after: after + len(forced)] == forced:
+                return _at(self.answer, output_len - len(self.cot) - len(forced), self.eos_id)
         return self.eos_id  # inside the forced tokens: not read by the loop
 
     def _is_child(self, seq: int) -> bool:
         """A fork is a draft child when the forced end follows its fork point (the loop feeds a
         child pending + forced end + answer prefix first); else a branch of the parent (several
         candidate spans verified in one pass), whose tokens follow the parent's path."""
-        model, forked = self.model, self._forked_at[seq]
-        forced = model.forced_end_ids + model.answer_prefix_ids
-        return self._tokens[seq][len(model.prompt_ids) + forked: len(model.prompt_ids) + forked + len(forced)] == forced
+        start, forced = self._prompt_len + self._forked_at[seq], self._forced
+        return self._tokens[seq][start: start + len(forced)] == forced
 
 
 def _with_last(tokens: list[int], last: int | None) -> list[int]:

@@ -77,12 +77,22 @@ def _longproc(data_dir: Path, task: str) -> list[Item]:
         with gzip.open(path, "rt", encoding="utf-8") as handle:
             rows = [json.loads(line) for line in handle if line.strip()]
     except OSError as error:
-        raise ConfigError(f"cannot read {path}: {error}") from error
+        raise ConfigError(f"cannot read {path}: {error}; {DATA_HOMES['longproc']}; point --data-dir (or "
+                          f"SSR_DATA) at the data folder") from error
     return [Item(f"longproc:{task}", str(r["index"]), r["input_prompt"], r) for r in rows]
+
+
+DATA_HOMES = {  # where each suite's data comes from, for a person whose machine lacks it
+    "classeval": "ClassEval's data is the GitHub repository FudanSELab/ClassEval, data/ClassEval_data.json (as "
+                 "classeval/ClassEval_dev.json under the data folder)",
+    "longproc": "LongProc's data is the GitHub repository princeton-pli/LongProc, data/<task>/<task>_2k.json (as "
+                "longproc/<task>_2k.dev.jsonl.gz under the data folder)",
+}
 
 
 def _read(path: Path) -> str:
     try:
         return path.read_text(encoding="utf-8")
     except OSError as error:
-        raise ConfigError(f"cannot read {path}: {error} (set --data-dir or SSR_DATA)") from error
+        raise ConfigError(f"cannot read {path}: {error}; {DATA_HOMES['classeval']}; point --data-dir (or SSR_DATA) "
+                          f"at the data folder; suite humaneval needs no folder") from error

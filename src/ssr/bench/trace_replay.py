@@ -1,0 +1,146 @@
+"""Real reasoning traces replayed through the real decoding loop in every mode (`ssr traces`).
+
+A text trace is what a model wrote; the output is the trace whatever the mode (identity is
+the check). Each (trace, mode) runs `decode.Generation` on the replay engine (bench/replay.py):
+its clock is a cost model (the GPU preset, a calibrate JSON), the loop's own host time between
+passes is measured beside it, and the row it leaves has the shape of an `ssr bench` row, so
+the bench's report (ratios with bootstrap intervals, CoT and answer ratios, accepted tokens by
+source) reads it as it is.
+
+Modes: `ar` (plain decoding), `ssr` (the whole output speculated), `paper` (the paper's
+regime: ssr with the CoT decoded plainly; a trace has no draft, so its answer spans only),
+and the peers as their users configure them: `suffix` (vLLM's suffix method, on
+arctic-inference's tree, vLLM's defaults and its global tree of earlier responses), `ngram`
+(vLLM's ngram method as its docs configure it) and `pld` (transformers' prompt lookup, its
+defaults). No draft is forked: a trace holds no draft child's text.
+
+Orders: `cold` (each trace alone: no earlier responses, nothing learnt) and `deployment` (the
+file's order within each (set, model) group, the earlier responses cached and the span
+statistics carried, as a server would hold them).
+"""
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from ..config import ConfigError, GenerationConfig
+from ..costs import CostModel, Costs
+from ..decode import Generation
+from ..policy import Plan, PolicyStats
+from ..proposers import ResponseHistory
+from .replay import REPLAY_FORMAT, ReplayEngine, RowModel
+from .traces import TokenTrace
+
+TRACE_MODES = ("ar", "ssr", "paper", "suffix", "ngram", "pld")
+ORDERS = ("cold", "deployment")
+_BIG = 1 << 16  # budgets no trace reaches: the trace decides where its CoT and answer end
+NO_DRAFT = Plan(draft=False, stages=(), draft_tokens=1, verify_chunk=16,
+                explain={"reason": "trace replay: a trace holds no draft child's text"})
+
+
+@dataclass(frozen=True)
+class CostSetting:
+    name: str  # the row's engine label ("gpu", a calibrate file's stem)
+    costs: Costs
+
+
+def mode_config(mode: str) -> GenerationConfig:
+    """The generation config a trace is replayed under in `mode` (TRACE_MODES)."""
+    if mode not in TRACE_MODES:
+        raise ConfigError(f"--modes: unknown {mode!r}; choose from {', '.join(TRACE_MODES)}")
+    base = GenerationConfig(mode="ssr" if mode == "paper" else mode, thinking_budget=_BIG, max_tokens=_BIG // 2,
+                            repetition_stop=0)
+    return replace(base, cot_spans=False) if mode == "paper" else base
+
+
+def replay_trace(tokens: TokenTrace, mode: str, setting: CostSetting, order: str,
+                 history: ResponseHistory | None = None, stats: PolicyStats | None = None,
+                 host: str | float | None = None) -> dict:
+    """One trace in one mode -> a bench-shaped row (metrics on the modelled clock, the loop's
+    host time measured apart under "host", identity to the trace)."""
+    trace = tokens.trace
+    end = tokens.cot_ids[-1:]  # the end-of-thinking token, forced where a CoT would not end
+    model = RowModel(prompt_ids=tokens.prompt_ids, cot_ids=tokens.cot_ids, answer_ids=tokens.answer_ids,
+                     forced_end_ids=end, answer_prefix_ids=[], draft_ids=[], draft_forked_at=None)
+    engine = ReplayEngine(model, setting.costs, host=host)
+    started = time.perf_counter()
+    generation = Generation(engine, REPLAY_FORMAT, mode_config(mode), tokens.prompt_ids,
+                            costs=CostModel(table=setting.costs), stats=stats, plan=NO_DRAFT, history=history)
+    result = generation.run()
+    wall_s = time.perf_counter() - started
+    identical = result.cot_ids == engine.cot and result.answer_ids == engine.answer
+    return {"suite": f"{trace.group} ({order})", "item": trace.item, "repeat": 0, "mode": mode,
+            "engine": setting.name, "order": order, "metrics": result.metrics.as_dict(),
+            "prompt_ids": tokens.prompt_ids, "cot_ids": engine.cot, "answer_ids": engine.answer,
+            "draft_ids": [], "forced_ids": result.forced_ids, "trace": result.trace, "identical": identical,
+            "host": {"s": engine.host_s, "passes": engine.passes, "wall_s": wall_s, "on_clock": host},
+            "step_s": setting.costs.step(1)}
+
+
+def replay_all(traces: Sequence[TokenTrace], modes: Sequence[str], settings: Sequence[CostSetting],
+               orders: Sequence[str] = ORDERS, host: str | float | None = None, progress: bool = False) -> list[dict]:
+    """Every trace in every mode, order and cost setting. Deployment order keeps one response
+    history and one set of learnt span statistics per (group, mode, setting), in file order."""
+    from tqdm import tqdm
+
+    for mode in modes:
+        mode_config(mode)  # unknown modes fail before any replay
+    histories: dict[tuple, ResponseHistory] = defaultdict(ResponseHistory)
+    learnt: dict[tuple, PolicyStats] = defaultdict(PolicyStats)
+    jobs = [(order, setting, tokens, mode) for order in orders for setting in settings
+            for tokens in traces for mode in modes]
+    rows = []
+    for order, setting, tokens, mode in tqdm(jobs, unit="replay", disable=not progress, dynamic_ncols=True):
+        key = (tokens.trace.group, mode, setting.name)
+        deployed = order == "deployment"
+        rows.append(replay_trace(tokens, mode, setting, order, histories[key] if deployed else None,
+                                 learnt[key] if deployed else PolicyStats(), host))
+    return rows
+
+
+def pass_table(rows: list[dict], step_ms: float = 6.0) -> list[dict]:
+    """Per (suite, engine, mode): output tokens per forward pass in the CoT and the answer, the
+    loop's host milliseconds per pass, and the median ratio to `ar` with the host time added at
+    a step of `step_ms` (the cost table scaled so a step takes step_ms)."""
+    import statistics
+
+    def at_step(row: dict) -> float:
+        return row["metrics"]["total_s"] * (step_ms / 1e3) / row["step_s"] + row["host"]["s"]
+
+    ar = {(r["suite"], r["engine"], r["item"]): r for r in rows if r["mode"] == "ar"}
+    groups: dict[tuple, list[dict]] = defaultdict(list)
+    for row in rows:
+        groups[(row["suite"], row["engine"], row["mode"])].append(row)
+    table = []
+    for (suite, engine, mode), group in sorted(groups.items()):
+        cot_passes = sum(r["metrics"]["cot_steps"] + r["metrics"]["cot_passes"] for r in group)
+        answer_passes = sum(r["metrics"]["decode_steps"] - r["metrics"]["cot_steps"] + r["metrics"]["verify_passes"]
+                            + 1 for r in group)  # + the pass that closes the CoT and gives the first answer token
+        ratios = [at_step(r) / at_step(ar[(suite, engine, r["item"])]) for r in group
+                  if (suite, engine, r["item"]) in ar]
+        table.append({
+            "suite": suite, "engine": engine, "mode": mode, "runs": len(group),
+            "cot_per_pass": sum(r["metrics"]["cot_tokens"] for r in group) / max(1, cot_passes),
+            "answer_per_pass": sum(r["metrics"]["answer_tokens"] for r in group) / max(1, answer_passes),
+            "host_ms_per_pass": 1e3 * sum(r["host"]["s"] for r in group) / max(1, sum(r["host"]["passes"] for r in group)),
+            "wall_s": sum(r["host"]["wall_s"] for r in group),
+            "ratio_at_step": statistics.median(ratios) if ratios else None,
+            "worst_at_step": max(ratios) if ratios else None,
+            "identical": sum(bool(r["identical"]) for r in group),
+        })
+    return table
+
+
+def format_pass_table(table: list[dict], step_ms: float, markdown: bool = False) -> str:
+    from .report import render_table
+
+    columns = ["suite", "mode", "engine", "runs", "CoT tok/pass", "answer tok/pass", "host ms/pass",
+               f"ratio @{step_ms:g} ms + host", "worst", "replay s", "identical"]
+    lines = [[t["suite"], t["mode"], t["engine"], str(t["runs"]), f"{t['cot_per_pass']:.2f}",
+              f"{t['answer_per_pass']:.2f}", f"{t['host_ms_per_pass']:.3f}",
+              "-" if t["ratio_at_step"] is None else f"{t['ratio_at_step']:.3f}",
+              "-" if t["worst_at_step"] is None else f"{t['worst_at_step']:.3f}",
+              f"{t['wall_s']:.1f}", f"{t['identical']}/{t['runs']}"] for t in table]
+    return render_table(columns, lines, markdown)

@@ -1,0 +1,221 @@
+"""Text traces as a workload (`ssr traces`): reading every shape, tokenizing, replaying every mode
+through the real loop (identity to the trace), host time, the peers' proposers, the CLI."""
+from __future__ import annotations
+
+import gzip
+import json
+import random
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ssr.bench.replay import ReplayEngine, RowModel
+from ssr.bench.trace_replay import TRACE_MODES, CostSetting, pass_table, replay_all, replay_trace
+from ssr.bench.traces import load_traces, parse_trace, read_traces, tokenize_trace
+from ssr.cli import main
+from ssr.config import ConfigError
+from ssr.costs import gpu_preset
+from ssr.proposers import PromptLookupProposer, vllm_ngram
+
+SHARED_TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
+GPU = CostSetting("gpu", gpu_preset())
+
+
+class WordVocab:
+    """A deterministic tokenizer for tests: words, punctuation and runs of spaces."""
+
+    vocab_size = 1 << 20
+    name = "words"
+
+    def __init__(self) -> None:
+        self.ids: dict[str, int] = {}
+
+    def tokenize(self, text: str, special: bool = False) -> list[int]:
+        return [self.ids.setdefault(w, len(self.ids)) for w in re.findall(r"\w+|[^\w\s]|\s+", text)]
+
+
+def reasoning(seed: int, steps: int = 12) -> tuple[str, str, str]:
+    """A prompt, a CoT that restates the prompt and repeats itself (as real CoTs do), an answer."""
+    rng = random.Random(seed)
+    names = [f"value_{rng.randrange(100)}" for _ in range(4)]
+    prompt = f"Write a function that adds {names[0]} and {names[1]}, then checks {names[2]} against {names[3]}."
+    lines = [f"Wait, the function adds {names[rng.randrange(4)]} and {names[rng.randrange(4)]}, so step {i} "
+             f"checks {names[rng.randrange(4)]} again." for i in range(steps)]
+    cot = "Okay, I need to write a function that adds " + f"{names[0]} and {names[1]}. " + " ".join(lines)
+    answer = f"def f({names[0]}, {names[1]}):\n    return {names[0]} + {names[1]}  # checks {names[2]}\n"
+    return prompt, cot, answer
+
+
+def write_traces(path: Path, count: int = 4, gz: bool = True) -> Path:
+    rows = []
+    for seed in range(count):
+        prompt, cot, answer = reasoning(seed)
+        rows.append({"prompt": prompt, "cot": cot, "answer": answer, "model": "Test/Model-1B (thinking)",
+                     "task_id": f"task-{seed % 2}", "setting": "Base" if seed < 2 else "GUIDE"})
+    text = "".join(json.dumps(row) + "\n" for row in rows)
+    if gz:
+        with gzip.open(path, "wt", encoding="utf-8") as out:
+            out.write(text)
+    else:
+        path.write_text(text, encoding="utf-8")
+    return path
+
+
+def test_every_shape_reads_as_one_trace():
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": [{"type": "text", "text": "Hi"}]}]
+    pair = {"request": {"model": "m", "messages": messages},
+            "response": {"id": "c1", "model": "Qwen/Qwen3-8B", "choices": [{"message": {
+                "content": "Hello.", "reasoning_content": "They greet me."}}]}}
+    served = {"messages": messages, "reasoning": "They greet me.", "answer": "Hello.", "model": "Qwen/Qwen3-8B", "id": 7}
+    trace = {"prompt": "Hi", "cot": "They greet me.", "answer": "Hello.", "model": "Qwen/Qwen3-8B (thinking)",
+             "task_id": "t", "run": "run2"}
+    got = [parse_trace(pair, "log"), parse_trace(served, "log"), parse_trace(trace, "set")]
+    assert [t.model for t in got] == ["Qwen/Qwen3-8B"] * 3
+    assert got[0].messages == got[1].messages == (("system", "Be brief."), ("user", "Hi"))
+    assert {(t.cot, t.answer) for t in got} == {("They greet me.", "Hello.")}
+    assert got[2].item == "t/run2" and got[2].group == "set / Qwen/Qwen3-8B"
+
+
+@pytest.mark.parametrize("line, says", [("not json", "not a trace"), ('{"prompt": "p"}', "missing field"),
+                                         ('[1, 2]', "JSON object"), ('{"prompt": 1, "cot": "", "answer": ""}', "text")])
+def test_a_bad_line_is_named_by_file_and_line(tmp_path, line, says):
+    path = tmp_path / "bad.jsonl"
+    path.write_text(json.dumps({"prompt": "p", "cot": "c", "answer": "a"}) + "\n" + line + "\n")
+    with pytest.raises(ConfigError, match=rf"bad.jsonl:2: .*{says}"):
+        list(read_traces(path))
+
+
+def test_repeated_items_are_told_apart_and_limit_counts_per_group(tmp_path):
+    path = write_traces(tmp_path / "set.dev.jsonl.gz", count=4)
+    traces = load_traces([path])
+    assert [t.item for t in traces] == ["task-0/Base", "task-1/Base", "task-0/GUIDE", "task-1/GUIDE"]
+    assert traces[0].set == "set.dev" and traces[0].model == "Test/Model-1B"
+    assert len(load_traces([path], limit=3)) == 3
+    with pytest.raises(ConfigError, match="no traces"):
+        load_traces([path], groups=["nothing like it"])
+
+
+def test_tokenized_trace_ends_its_cot_with_one_marker_outside_the_vocabulary():
+    vocab = WordVocab()
+    tokens = tokenize_trace(parse_trace({"prompt": "a b", "cot": "c d", "answer": "e"}, "s"), vocab)
+    assert tokens.cot_ids[-1] == vocab.vocab_size and tokens.cot_ids[:-1] == vocab.tokenize("c d")
+    start = vocab.tokenize("<|im_start|>user\n")
+    assert tokens.answer_ids == vocab.tokenize("e") and tokens.prompt_ids[: len(start) + 3] == start + vocab.tokenize("a b")
+
+
+def test_every_mode_and_order_replays_the_trace_token_for_token(tmp_path):
+    vocab = WordVocab()
+    tokens = [tokenize_trace(t, vocab) for t in load_traces([write_traces(tmp_path / "s.jsonl.gz", count=4)])]
+    rows = replay_all(tokens, TRACE_MODES, [GPU])
+    assert len(rows) == 4 * len(TRACE_MODES) * 2 and all(row["identical"] for row in rows)
+    by = {(r["order"], r["mode"], r["item"]): r for r in rows}
+    for row in rows:
+        ar = by[(row["order"], "ar", row["item"])]["metrics"]
+        assert row["metrics"]["cot_tokens"] == ar["cot_tokens"] and row["metrics"]["answer_tokens"] == ar["answer_tokens"]
+        if row["mode"] == "paper":  # the paper's regime: the CoT decoded plainly, one token a pass
+            assert row["metrics"]["cot_passes"] == 0 and row["metrics"]["cot_steps"] == ar["cot_steps"]
+    ssr = [by[("cold", "ssr", t.trace.item)]["metrics"]["total_s"] / by[("cold", "ar", t.trace.item)]["metrics"]["total_s"]
+           for t in tokens]
+    assert max(ssr) < 0.8  # a CoT that repeats itself is copied
+    table = {(t["suite"].split(" (")[-1], t["mode"]): t for t in pass_table(rows)}
+    assert table[("cold)", "ar")]["cot_per_pass"] == 1.0 and table[("cold)", "ssr")]["cot_per_pass"] > 1.5
+    assert table[("cold)", "ar")]["ratio_at_step"] == 1.0
+
+
+def test_deployment_order_copies_from_earlier_responses(tmp_path):
+    vocab = WordVocab()
+    trace = load_traces([write_traces(tmp_path / "s.jsonl", count=1, gz=False)])[0]
+    tokens = [tokenize_trace(trace, vocab)] * 2  # the same request twice: the second copies the first
+    rows = replay_all(tokens, ["ar", "suffix"], [GPU], orders=["cold", "deployment"])
+    cold = [r for r in rows if r["order"] == "cold" and r["mode"] == "suffix"]
+    deployed = [r for r in rows if r["order"] == "deployment" and r["mode"] == "suffix"]
+    assert cold[0]["metrics"]["total_s"] == cold[1]["metrics"]["total_s"]
+    assert deployed[1]["metrics"]["total_s"] < 0.5 * deployed[0]["metrics"]["total_s"]
+    assert all(r["identical"] for r in rows)
+
+
+def test_host_time_per_pass_goes_on_the_clock(tmp_path):
+    vocab = WordVocab()
+    tokens = tokenize_trace(load_traces([write_traces(tmp_path / "s.jsonl.gz", count=1)])[0], vocab)
+    off = replay_trace(tokens, "ssr", GPU, "cold")
+    on = replay_trace(tokens, "ssr", GPU, "cold", host=0.002)
+    assert off["host"]["s"] > 0 and on["host"]["s"] == pytest.approx(0.002 * on["host"]["passes"])
+    assert on["metrics"]["total_s"] > off["metrics"]["total_s"] and on["identical"]
+    measured = replay_trace(tokens, "ssr", GPU, "cold", host="measured")
+    assert measured["metrics"]["total_s"] >= off["metrics"]["total_s"] and measured["identical"]
+
+
+def test_replay_engine_ids_are_the_argmax_of_its_rows():
+    model = RowModel(prompt_ids=[1, 2], cot_ids=[3, 4, 5], answer_ids=[6, 7], forced_end_ids=[5], answer_prefix_ids=[],
+                     draft_ids=[], draft_forked_at=None)
+    engines = [ReplayEngine(model, gpu_preset()) for _ in range(2)]
+    seqs = [engine.prefill([1]) for engine in engines]
+    rows = engines[0].score(seqs[0], [2, 3, 4, 5, 6])
+    ids = engines[1].score(seqs[1], [2, 3, 4, 5, 6], ids=True)
+    assert rows.shape == (5, engines[0].vocab_size) and ids.shape == (5,)
+    assert np.array_equal(np.argmax(rows, axis=1), ids)
+    assert engines[0].seconds == engines[1].seconds
+
+
+def _ngram_oracle(tokens: list[int], low: int, high: int, k: int) -> list[int]:
+    """vLLM's ngram proposal by brute force: the longest n in [low, high] whose last n tokens
+    occurred earlier; the earliest such occurrence; the k tokens after it."""
+    for n in range(min(high, len(tokens) - 1), low - 1, -1):
+        suffix = tokens[-n:]
+        for start in range(len(tokens) - n):
+            if tokens[start:start + n] == suffix:
+                return tokens[start + n:start + n + k]
+    return []
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_ngram_peer_matches_a_brute_force_oracle(seed):
+    rng = random.Random(seed)
+    tokens = [rng.randrange(4) for _ in range(rng.randrange(5, 60))]
+    peer = vllm_ngram(tokens[:3])
+    peer.observe(tokens[3:])
+    assert peer.propose(100)[0] == _ngram_oracle(tokens, 4, 4, 5)
+    lookup = PromptLookupProposer(tokens)  # transformers' prompt lookup: n = 2, then 1; 10 tokens
+    assert lookup.propose(100)[0] == _ngram_oracle(tokens, 1, 2, 10)
+
+
+def test_cli_replays_a_log_and_refuses_bad_flags_before_reading(tmp_path, capsys):
+    path = write_traces(tmp_path / "log.jsonl", count=2, gz=False)
+    assert main(["traces", str(tmp_path / "missing.jsonl"), "--modes", "ar,bogus"]) == 2
+    assert "--modes: unknown 'bogus'" in capsys.readouterr().err
+    assert main(["traces", str(path), "--orders", "sideways"]) == 2
+    assert main(["traces", str(path), "--host", "-3"]) == 2
+    assert main(["traces", str(tmp_path / "missing.jsonl")]) == 2
+    assert "no such traces file" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_cli_on_a_chat_completions_log_with_a_gguf_vocabulary(tmp_path, capsys):
+    log = tmp_path / "chat.jsonl"
+    with open(log, "w") as out:
+        for seed in range(2):
+            prompt, cot, answer = reasoning(seed)
+            out.write(json.dumps({"request": {"messages": [{"role": "user", "content": prompt}]},
+                                  "response": {"model": "Qwen/Qwen3-8B", "choices": [{"message": {
+                                      "content": answer, "reasoning_content": cot}}]}}) + "\n")
+    assert main(["traces", str(log), "--tokenizer", "smollm2-135m", "--out", str(tmp_path / "out"),
+                 "--modes", "ar,ssr,suffix"]) == 0
+    printed = capsys.readouterr().out
+    assert "chat / Qwen/Qwen3-8B (cold)" in printed and "ratio @6 ms + host" in printed
+    rows = [json.loads(line) for line in (tmp_path / "out" / "rows.jsonl").read_text().splitlines()]
+    assert len(rows) == 2 * 3 * 2 and all(row["identical"] for row in rows)
+    assert (tmp_path / "out" / "report.md").is_file()
+
+
+@pytest.mark.skipif(not SHARED_TRACES.is_dir(), reason="../shared/traces (real reasoning traces) is not beside "
+                                                       "this checkout")
+@pytest.mark.slow
+def test_real_traces_replay_token_for_token_in_every_mode():
+    from ssr.engines.vocab import load_vocab
+
+    vocab = load_vocab("smollm2-135m")  # any vocabulary: identity does not depend on it
+    traces = [t for path in sorted(SHARED_TRACES.glob("*.jsonl.gz")) for t in load_traces([path], limit=1)]
+    rows = replay_all([tokenize_trace(t, vocab) for t in traces], TRACE_MODES, [GPU], orders=["cold"])
+    assert rows and all(row["identical"] for row in rows)
