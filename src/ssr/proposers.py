@@ -85,6 +85,8 @@ class ResponseHistory:
         self._arctic: dict[int, object] = {}  # max_depth -> arctic-inference cache (requests, not tokens)
         self._arctic_live: dict[int, str] = {}  # max_depth -> the request writing its response there now
         self._arctic_ids = 0  # request ids handed out to arctic caches
+        self._native: dict[int, object] = {}  # max_depth -> C++ suffix tree over the responses (ssr's source)
+        self._native_seqs: list[int] = []  # its sequence ids, oldest first (bounded by requests, as vLLM's)
 
     def add(self, token_ids: Sequence[int]) -> None:
         for depth, cache in self._arctic.items():  # its live request wrote this response already
@@ -93,6 +95,8 @@ class ResponseHistory:
                 cache.stop_request(live)
             elif self.max_tokens and token_ids:
                 self._arctic_response(cache, token_ids)
+        if self.max_tokens and token_ids:
+            self._native_add(token_ids)
         if not self.max_tokens or not token_ids or len(token_ids) > self.max_tokens:
             return
         self.responses.append(list(token_ids))
@@ -113,6 +117,33 @@ class ResponseHistory:
             for response in self.responses:
                 tree.add_sequence(response)
         return self._trees[max_depth]
+
+    NATIVE_REQUESTS = 10000  # responses the C++ trees keep (vLLM's suffix cache: 10,000 requests)
+
+    def native(self, max_depth: int):
+        """The C++ suffix tree over the responses at this depth (suffix_native; ImportError without
+        arctic-inference), None when the history keeps none. Made on first use from the responses
+        kept for the Python trees, then grown with every response, bounded by requests."""
+        if not self.max_tokens:
+            return None
+        if max_depth not in self._native:
+            from .suffix_native import native_tree
+
+            tree = self._native[max_depth] = native_tree(max_depth)
+            for seq, response in zip(self._native_seqs[-len(self.responses):] if self.responses else [],
+                                     self.responses):
+                tree.extend(seq, response)
+        return self._native[max_depth]
+
+    def _native_add(self, token_ids: Sequence[int]) -> None:
+        seq = self._native_seqs[-1] + 1 if self._native_seqs else 0
+        self._native_seqs.append(seq)
+        for tree in self._native.values():
+            tree.extend(seq, list(token_ids))
+        if len(self._native_seqs) > self.NATIVE_REQUESTS:
+            oldest = self._native_seqs.pop(0)
+            for tree in self._native.values():
+                tree.remove(oldest)
 
     def arctic(self, max_depth: int):
         """(arctic-inference SuffixDecodingCache over the responses so far, a new request id), for
@@ -285,6 +316,22 @@ def vllm_ngram(prompt: Sequence[int]) -> PromptLookupProposer:
     return proposer
 
 
+ALTERNATIVES = 4  # the suffix tree's further branches offered as candidates where several are verified a pass
+
+
+def ssr_suffix(params: SuffixParams, prompt_ids: Sequence[int], history: ResponseHistory | None,
+               extend_prob: float | None, alternatives: int = 0) -> Proposer:
+    """ssr's suffix source: on arctic-inference's C++ tree where it is installed (suffix_native;
+    with `alternatives`, further candidates from the tree's other branches), else on ssr's own
+    Python tree (tests/test_suffix_native.py checks them against each other)."""
+    try:
+        from .suffix_native import NativeSuffixProposer
+
+        return NativeSuffixProposer(params, prompt_ids, history, extend_prob, alternatives)
+    except ImportError:
+        return SuffixProposer(params, [prompt_ids], history, extend_prob)
+
+
 def request_proposer(config, extend_prob: float | None, prompt_ids: Sequence[int],
                      history: ResponseHistory | None, arctic: bool = False) -> Proposer | None:
     """One proposer for a request's output, seeded with the prompt (drafts join at the close).
@@ -296,7 +343,7 @@ def request_proposer(config, extend_prob: float | None, prompt_ids: Sequence[int
     if kind == "suffix" and config.uses_draft:
         params = config.suffix
         sources: dict[str, Proposer] = {
-            "suffix": SuffixProposer(params, [prompt_ids], history, extend_prob),
+            "suffix": ssr_suffix(params, prompt_ids, history, extend_prob, ALTERNATIVES if arctic else 0),
             "lookup": PromptLookupProposer(prompt_ids, 3, params.max_span)}
         if arctic:
             try:

@@ -36,7 +36,7 @@ def best_span(accept_probs: Sequence[float], costs: CostModel) -> tuple[int, flo
     return best_len, best_rate
 
 
-MAX_BRANCHES = 3  # candidate spans verified in one pass at most (greedy, cheap verification, shared passes)
+MAX_BRANCHES = 6  # candidate spans verified in one pass at most (greedy, cheap verification, shared passes)
 CHEAP_SPAN_STEPS = 1.5  # a verify pass over the longest span costing at most this many steps is "cheap"
 
 
@@ -73,6 +73,7 @@ class AcceptanceStats:
     failed: list[float] = field(default_factory=list)  # [j]: of those, rejected token j
 
     def observe(self, num_proposed: int, num_accepted: int) -> None:
+        self.__dict__.pop("_curve", None)  # the curve changes
         tried = min(num_proposed, num_accepted + 1)
         self.at_risk = [count * self.decay for count in self.at_risk]
         self.failed = [count * self.decay for count in self.failed]
@@ -92,7 +93,14 @@ class AcceptanceStats:
                        failed=[count * weight for count in self.failed])
 
     def probs(self, length: int) -> list[float]:
-        """S(1) .. S(length)."""
+        """S(1) .. S(length), from a curve computed once per observation (every candidate of a pass
+        is priced on it)."""
+        curve = self.__dict__.get("_curve")
+        if curve is None or len(curve) < length:
+            curve = self._curve = self._survival(length)
+        return curve[:length]
+
+    def _survival(self, length: int) -> list[float]:
         prior_hazard = 1.0 - self.prior_rate
         pooled = (sum(self.failed[1:]) + self.prior_weight * prior_hazard) / (sum(self.at_risk[1:]) + self.prior_weight)
         out, survival = [], 1.0

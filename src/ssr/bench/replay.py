@@ -50,14 +50,15 @@ class RowModel:
 
 
 class ReplayEngine:
-    max_sequences = 8
     context_size = 1 << 20
     chat_template = None
     bos_text, eos_text = "", ""
     returns_ids = True  # greedy loops ask for the argmax ids (ids=True), never built as rows
 
-    def __init__(self, model: RowModel, costs: Costs, host: str | float | None = None) -> None:
+    def __init__(self, model: RowModel, costs: Costs, host: str | float | None = None,
+                 max_sequences: int = 4) -> None:
         self.model = model
+        self.max_sequences = max_sequences  # as the run's engine (the engines' default: 4)
         self.costs = costs  # seconds of each call
         self.host = host  # the loop's host time on the clock: None (off), "measured", or seconds per pass
         self.host_s = 0.0  # the loop's host time between passes, measured (or the figure per pass)

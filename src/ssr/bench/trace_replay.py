@@ -36,6 +36,7 @@ from .traces import TokenTrace
 TRACE_MODES = ("ar", "ssr", "paper", "suffix", "ngram", "pld")
 ORDERS = ("cold", "deployment")
 _BIG = 1 << 16  # budgets no trace reaches: the trace decides where its CoT and answer end
+SEQUENCES = 8  # sequences a replayed engine holds at once: a parent and its candidate branches
 NO_DRAFT = Plan(draft=False, stages=(), draft_tokens=1, verify_chunk=16,
                 explain={"reason": "trace replay: a trace holds no draft child's text"})
 
@@ -64,7 +65,7 @@ def replay_trace(tokens: TokenTrace, mode: str, setting: CostSetting, order: str
     end = tokens.cot_ids[-1:]  # the end-of-thinking token, forced where a CoT would not end
     model = RowModel(prompt_ids=tokens.prompt_ids, cot_ids=tokens.cot_ids, answer_ids=tokens.answer_ids,
                      forced_end_ids=end, answer_prefix_ids=[], draft_ids=[], draft_forked_at=None)
-    engine = ReplayEngine(model, setting.costs, host=host)
+    engine = ReplayEngine(model, setting.costs, host=host, max_sequences=SEQUENCES)
     started = time.perf_counter()
     generation = Generation(engine, REPLAY_FORMAT, mode_config(mode), tokens.prompt_ids,
                             costs=CostModel(table=setting.costs), stats=stats, plan=NO_DRAFT, history=history)

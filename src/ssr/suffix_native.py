@@ -1,0 +1,113 @@
+"""ssr's suffix source on arctic-inference's C++ suffix tree (the tree vLLM's `suffix` method
+runs on): a token costs ~2 us to add and a proposal ~tens of us, against ~depth Python
+operations per token in ssr's own tree (suffix_tree.py, kept where arctic-inference is not
+installed and as the reference the tests check this against).
+
+One request tree holds the prompt, the output as it is committed and the drafts, each as a
+sequence of its own (no match spans two of them); the earlier responses' tree is the
+response history's (ResponseHistory.native). A proposal asks both trees for their best span
+after the last max_depth tokens of prompt + output and keeps the one with the higher score
+(the sum of its estimated probabilities), as vLLM's suffix method does; spans go on past the
+match length (`extend_prob`, where verifying is cheap) by asking with no length factor.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from .config import SuffixParams
+
+MATCH_BUCKETS = (4, 8, 16)  # a span's source names its match length: suffix/<4, /4-7, /8-15, /16+
+
+
+def native_tree(max_depth: int):
+    """A C++ suffix tree (ImportError without arctic-inference)."""
+    from arctic_inference.suffix_decoding._C import SuffixTree
+
+    return SuffixTree(max_depth)
+
+
+class NativeSuffixProposer:
+    """SuffixProposer's interface (observe, add_source, propose, candidates) on C++ trees."""
+
+    source = "suffix"
+    implementation = "arctic-inference"
+
+    def __init__(self, params: SuffixParams, prompt: Sequence[int], history=None,
+                 extend_prob: float | None = None, alternatives: int = 0) -> None:
+        self.params = params
+        self.alternatives = alternatives  # further candidates from the tree's other continuations (several a pass)
+        self.extend_prob = extend_prob  # not None: spans past the match length, down to this probability
+        self.tree = native_tree(params.max_depth)  # this request: prompt (0), output (1), drafts (2 ..)
+        self.tree.extend(0, list(prompt))
+        self._sequences = 2  # sequence ids handed out
+        self.history = history.native(params.max_depth) if history is not None else None  # earlier responses
+        self.context = list(prompt[-params.max_depth:])  # the last max_depth tokens of prompt + output
+
+    def add_source(self, token_ids: Sequence[int]) -> None:
+        self.tree.extend(self._sequences, list(token_ids))
+        self._sequences += 1
+
+    def observe(self, token_ids: Sequence[int]) -> None:
+        if token_ids:
+            self.tree.extend(1, list(token_ids))
+            self.context = (self.context + list(token_ids))[-self.params.max_depth:]
+
+    def propose(self, max_tokens: int) -> tuple[list[int], list[float] | None]:
+        span, probs, _ = self._best(max_tokens)
+        return span, probs
+
+    def candidates(self, max_tokens: int) -> list[tuple[str, list[int]]]:
+        """The best span, its source named by its match length's bucket; with `alternatives`, then
+        the other branches of the tree's continuations after the same match (source "…~"),
+        best first: where several candidates are verified in one pass, one of them may hold the
+        token the best one misses."""
+        span, _, match_len = self._best(max_tokens)
+        if not span:
+            return []
+        bucket = sum(match_len >= edge for edge in MATCH_BUCKETS)
+        out = [(f"{self.source}/{bucket}", span)]
+        for other in self._branches(max_tokens)[: self.alternatives]:
+            if other[: len(span)] != span[: len(other)]:  # not a prefix of the best, nor extended by it
+                out.append((f"{self.source}/{bucket}~", other))
+        return out
+
+    def _branches(self, max_tokens: int) -> list[list[int]]:
+        """Root-to-leaf paths of the request tree's continuation tree (arctic's tree speculation),
+        in the tree's order (most probable first)."""
+        if self.alternatives < 1:
+            return []
+        limit = min(max_tokens, self.params.max_span)
+        draft = self.tree.speculate(self.context, max(limit, 32), float(limit), 0.0, 0.0, True)
+        tokens, parents = list(draft.token_ids), list(draft.parents)
+        has_child = set(parents)
+        paths = []
+        for leaf in range(len(tokens)):
+            if leaf in has_child:
+                continue
+            path, node = [], leaf
+            while node >= 0:
+                path.append(tokens[node])
+                node = parents[node]
+            paths.append(path[::-1][:limit])
+        return paths
+
+    def _best(self, max_tokens: int) -> tuple[list[int], list[float], int]:
+        """(span, probabilities, match length): the request tree's or, when it scores higher, the
+        earlier responses' tree's."""
+        limit = min(max_tokens, self.params.max_span)
+        if limit < 1:
+            return [], [], 0
+        if self.extend_prob is None:
+            factor, min_prob = self.params.span_factor, self.params.min_prob
+        else:  # past the match length: as long as the tree's continuation goes
+            factor, min_prob = float(limit), self.extend_prob
+        best = None
+        for tree in (self.tree, self.history):
+            if tree is None:
+                continue
+            draft = tree.speculate(self.context, limit, factor, 0.0, min_prob, False)
+            if draft.token_ids and (best is None or draft.score > best.score):
+                best = draft
+        if best is None:
+            return [], [], 0
+        return list(best.token_ids), list(best.probs), best.match_len
