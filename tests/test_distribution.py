@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 from scipy.stats import chisquare
 
-from ssr.verify import Verdict, verify_sampled
+from ssr.verify import Verdict, verify_sampled, verify_tree_sampled
 
 TARGET = np.array([0.05, 0.40, 0.25, 0.20, 0.10])
 DRAFT = np.array([0.30, 0.10, 0.40, 0.05, 0.15])
@@ -149,3 +149,45 @@ def test_rows_verdict_equals_the_dense_verdict():
         dense_verdict = verify_sampled(np.array(drafted), dense(draft_rows), np.vstack([dense(target_rows), bonus]),
                                        np.random.default_rng(seed))
         assert rows_verdict == dense_verdict
+
+
+# two positions, three point-mass candidates as a token tree: [1, 2], [1, 3] share their first
+# token, [3] differs; the target's second-position row depends on the first token
+ROWS = {1: np.array([0.1, 0.2, 0.3, 0.3, 0.1]), 3: np.array([0.5, 0.1, 0.1, 0.2, 0.1]),
+        "bonus": np.array([0.2, 0.2, 0.2, 0.2, 0.2])}
+
+
+def tree_pairs(walk, seed, draws=DRAWS):
+    """Counts of the first two emitted tokens [5, 5] after a tree walk (the second drawn plainly
+    from the target when the walk emitted only one)."""
+    rng = np.random.default_rng(seed)
+    spans = [[1, 2], [1, 3], [3]]
+    rows = [np.stack([TARGET, ROWS[1], ROWS["bonus"]]), np.stack([TARGET, ROWS[1], ROWS["bonus"]]),
+            np.stack([TARGET, ROWS[3]])]  # [k_i + 1, vocab]: row j given span[:j]
+    counts = np.zeros((5, 5))
+    for _ in range(draws):
+        won, verdict = walk(spans, rows, rng)
+        emitted = spans[won][: verdict.num_accepted] + [verdict.next_token]
+        if len(emitted) == 1:
+            second = ROWS.get(emitted[0], ROWS["bonus"])
+            emitted.append(int(rng.choice(5, p=second)))
+        counts[emitted[0], emitted[1]] += 1
+    return counts
+
+
+def pair_p_value(counts):
+    expected = np.array([[TARGET[a] * ROWS.get(a, ROWS["bonus"])[b] for b in range(5)] for a in range(5)])
+    return chisquare(counts.ravel(), expected.ravel() * counts.sum()).pvalue
+
+
+def test_tree_verification_of_several_candidates_follows_the_target():
+    assert pair_p_value(tree_pairs(verify_tree_sampled, seed=5)) > 1e-3
+
+
+def test_keeping_the_longest_of_independent_verifications_is_caught():
+    def longest(spans, rows, rng):  # each candidate verified apart, the one that accepted most kept
+        verdicts = [verify_sampled(np.array(span), None, np.asarray(row), rng) for span, row in zip(spans, rows)]
+        won = max(range(len(spans)), key=lambda i: verdicts[i].num_accepted)
+        return won, verdicts[won]
+
+    assert pair_p_value(tree_pairs(longest, seed=6)) < 1e-6

@@ -130,3 +130,33 @@ def test_release_frees_sequences(engine):
 def test_token_bytes_round_trip(engine):
     text = "def f(x):\n    return x"
     assert b"".join(engine.token_bytes(t) for t in engine.tokenize(text)).decode() == text
+
+
+def test_greedy_ids_are_the_argmax_of_the_rows(engine):
+    """Engines that pick the argmax where the logits live return ids [k] equal to the rows' argmax
+    (lowest id on ties), banned ids never chosen; the same for steps, scores and shared passes."""
+    if not getattr(engine, "returns_ids", False):
+        pytest.skip("this engine returns rows only")
+    prompt, fed = tokens(engine, 0, 12), tokens(engine, 12, 256)
+    seq = engine.prefill(prompt)
+    rows = engine.score(seq, fed)
+    engine.truncate(seq, len(prompt))
+    ids = engine.score(seq, fed, ids=True)  # a 256-token span: ids, not rows
+    assert ids.shape == (256,) and np.array_equal(ids, np.argmax(rows, axis=1))
+    banned = np.unique(ids[:5])
+    engine.truncate(seq, len(prompt))
+    masked = engine.score(seq, fed[:5], ids=True, banned=banned)
+    expected = rows[:5].copy()
+    expected[:, banned] = -np.inf
+    assert np.array_equal(masked, np.argmax(expected, axis=1)) and not np.isin(masked, banned).any()
+    engine.truncate(seq, len(prompt))
+    child = engine.fork(seq)
+    step = engine.step([(seq, fed[0]), (child, fed[0])], ids=True)
+    assert np.array_equal(step, [ids[0], ids[0]])
+    if shares_passes(engine):
+        engine.truncate(seq, len(prompt))
+        engine.truncate(child, len(prompt))
+        both = engine.score_batch([(seq, fed[:4]), (child, fed[:2])], ids=True)
+        assert np.array_equal(both[0], ids[:4]) and np.array_equal(both[1], ids[:2])
+    engine.release(child)
+    engine.release(seq)

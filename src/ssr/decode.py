@@ -13,10 +13,11 @@ The request walks four stages:
   3. continue - the same proposer (suffix tree over prompt, drafts and the output so far)
                 guesses spans; each span is verified in one pass, the longest match kept
   4. finish   - outstanding children released, metrics closed
-Where verifying costs about a step (GPUs), decoding is greedy and the engine feeds several
-sequences per pass, a span pass verifies up to MAX_BRANCHES candidate spans (suffix tree,
-n-gram lookup, arctic-inference's tree), each on its own fork of the parent; the branch that
-accepts most becomes the parent (the model's own tokens, whichever branch holds them).
+Where verifying costs about a step (GPUs) and the engine feeds several sequences per pass, a
+span pass verifies up to MAX_BRANCHES candidate spans (suffix tree and its other branches,
+n-gram lookup, arctic-inference's tree), each on its own fork of the parent; greedy: the branch
+that accepts most becomes the parent (the model's own tokens, whichever branch holds them);
+sampling: the candidates are verified as one token tree (verify.verify_tree_sampled, exact).
 Whether and when children fork, how long they write and how the draft is verified is
 the policy's plan (policy.py: measured costs under `--policy auto`, the flags under
 `fixed`); it changes speed only, never tokens.
@@ -41,7 +42,7 @@ from .sampling import target_probs
 from .spans import MAX_BRANCHES, SpanPolicy, span_extension
 from .text import TextStream
 from .thinking import ThinkingFormat
-from .verify import Verdict, verify_greedy, verify_sampled
+from .verify import Verdict, verify_greedy, verify_sampled, verify_tree_sampled
 from .walk import Chunk, Walk
 
 
@@ -74,10 +75,10 @@ class Generation(DraftChildren, Walk):
         self.metrics = Metrics(mode=config.mode, prompt_tokens=len(prompt_ids), policy=self.plan.as_dict(),
                                spans_beside_child=beside)
         # candidate spans verified per pass, each on its own sequence: several only where one pass
-        # holds several sequences, verifying costs ~a step (GPUs) and decoding is greedy (then the
-        # branch that accepts most holds the model's own tokens; sampling verifies one span)
+        # holds several sequences and verifying costs ~a step (GPUs); greedy keeps the branch that
+        # accepts most (it holds the model's own tokens), sampling verifies them as a token tree
         self.extend = span_extension(self.costs, config.suffix.max_span)  # not None: verification is cheap
-        several = beside and self.extend is not None and config.sampling.greedy and config.adaptive_spans
+        several = beside and self.extend is not None and config.adaptive_spans
         self.branches = MAX_BRANCHES if several and config.uses_draft else 1
         self.parent = -1  # the parent's sequence (a winning branch's sequence takes its place)
         self._forks: list[int] = []  # the branches of the pass under way (candidates 2.. on forks of the parent)
@@ -317,8 +318,17 @@ class Generation(DraftChildren, Walk):
         for rows in scored if thinking else ():  # [k_i + 1, vocab] each (ids: masked by the engine)
             if rows.ndim == 2:
                 rows[:, self.banned_ids] = -np.inf
-        verdicts = [self._verdict(span, rows) for (_, span), rows in zip(proposals, scored)]
-        return self._keep_branch(verdicts), verdicts
+        if self.config.sampling.greedy or len(proposals) == 1:
+            verdicts = [self._verdict(span, rows) for (_, span), rows in zip(proposals, scored)]
+            return self._keep_branch(verdicts), verdicts
+        spans = [span for _, span in proposals]  # sampling: one walk down the candidates' token tree
+        won, verdict = verify_tree_sampled(spans, [target_probs(rows, self.config.sampling) for rows in scored],
+                                           self.rng)
+        emitted = spans[won][: verdict.num_accepted] + [verdict.next_token]
+        verdicts = [verdict if i == won else Verdict(_common_prefix(span, emitted), verdict.next_token, True)
+                    for i, span in enumerate(spans)]  # what each candidate alone got right, for its statistics
+        self._keep_branch(verdicts, won)
+        return won, verdicts
 
     def _score_candidates(self, pending: int, spans: list[list[int]], child: Draft | None = None,
                           clock: StageClock | None = None, thinking: bool = False) -> list[np.ndarray]:
@@ -339,10 +349,11 @@ class Generation(DraftChildren, Walk):
             self._grow_draft(child, rows[-1][0], clock)
         return rows[: len(spans)]
 
-    def _keep_branch(self, verdicts: list[Verdict]) -> int:
-        """The candidate that accepted most (the first of equals); its sequence becomes the
-        parent's, the other branches are released."""
-        won = max(range(len(verdicts)), key=lambda i: (verdicts[i].num_accepted, -i))
+    def _keep_branch(self, verdicts: list[Verdict], won: int | None = None) -> int:
+        """The candidate that accepted most (the first of equals), or `won`; its sequence becomes
+        the parent's, the other branches are released."""
+        if won is None:
+            won = max(range(len(verdicts)), key=lambda i: (verdicts[i].num_accepted, -i))
         held = [self.parent] + self._forks
         for i, seq in enumerate(held):
             if i != won:
@@ -407,3 +418,13 @@ class Generation(DraftChildren, Walk):
     def _drop(self, seq: int) -> None:
         self._live.discard(seq)
         self.engine.release(seq)
+
+
+def _common_prefix(span: list[int], emitted: list[int]) -> int:
+    """Tokens of span equal to the emitted tokens, from the start."""
+    count = 0
+    for mine, theirs in zip(span, emitted):
+        if mine != theirs:
+            break
+        count += 1
+    return count

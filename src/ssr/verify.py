@@ -72,6 +72,32 @@ def verify_sampled(
     return Verdict(num_draft, sample(target_probs[num_draft], rng), False)
 
 
+def verify_tree_sampled(spans: list[list[int]], target_probs: list[np.ndarray],
+                        rng: np.random.Generator) -> tuple[int, Verdict]:
+    """Several point-mass candidates verified as one token tree, exactly (lossless tree
+    verification with one-hot drafts): at each depth the target samples once from the row
+    every candidate still alive shares (same prefix, same context) and the walk follows the
+    candidates whose next token is that sample; the first sample no candidate holds is the
+    recovered token, a sample after a candidate's last token its bonus. Every emitted token is a
+    draw from the target given the tokens before it, whichever candidates were proposed; keeping
+    the branch that accepted most after verifying each apart would not be.
+
+    spans[i]: candidate i's tokens [k_i]; target_probs[i]: [k_i + 1, vocab], row j predicting
+    position j after span[i][:j]. Returns (the candidate whose sequence holds the accepted
+    tokens, the verdict: accepted count, next token, recovered)."""
+    from .sampling import sample
+
+    alive = list(range(len(spans)))
+    depth = 0
+    while True:
+        lead = alive[0]  # every alive candidate holds the same tokens before `depth`
+        token = sample(target_probs[lead][depth], rng)
+        following = [i for i in alive if len(spans[i]) > depth and spans[i][depth] == token]
+        if not following:
+            return lead, Verdict(depth, token, any(len(spans[i]) > depth for i in alive))
+        alive, depth = following, depth + 1
+
+
 def _check_rows(num_draft: int, target_rows: np.ndarray, ids: bool = False) -> None:
     if target_rows.ndim not in ((1, 2) if ids else (2,)) or target_rows.shape[0] != num_draft + 1:
         raise ValueError(

@@ -52,6 +52,10 @@ class Engine(Protocol):
     def length(self, seq: int) -> int:
         """Tokens held for seq."""
 
+    # optional, greedy: engines that pick the argmax where the logits live set `returns_ids = True`
+    # and take step(..., ids=True, banned=None) / score(...) / score_batch(...): token ids [k] per
+    # feed instead of rows [k, vocab] (banned ids never chosen), so no row crosses to the host.
+
     # optional: engines that can feed several sequences k tokens each in one forward pass
     # def score_batch(self, feeds: Sequence[tuple[int, Sequence[int]]]) -> list[np.ndarray]:
     #     """Feed each (seq, tokens) in one pass -> logits [len(tokens), vocab] per feed."""
@@ -61,6 +65,19 @@ def shares_passes(engine) -> bool:
     """Whether the engine (or engine class) feeds several sequences' tokens in one forward pass
     (`score_batch`): a parent's speculative pass and a child's step then cost one pass."""
     return callable(getattr(engine, "score_batch", None))
+
+
+def argmax_ids(rows: np.ndarray, banned: np.ndarray | None = None) -> np.ndarray:
+    """The greedy token of each row, [n, vocab] -> [n] int64 (the lowest id on ties, as
+    np.argmax), never a banned one; reads the rows where they are (a view of the engine's
+    buffer: nothing is copied unless a row's argmax is banned)."""
+    ids = rows.argmax(axis=1).astype(np.int64)
+    if banned is not None and len(banned):
+        for i in np.flatnonzero(np.isin(ids, banned)):
+            row = rows[i].copy()
+            row[banned] = -np.inf
+            ids[i] = int(row.argmax())
+    return ids
 
 
 def split_rows(rows: np.ndarray, feeds: Sequence[tuple[int, Sequence[int]]]) -> list[np.ndarray]:

@@ -222,19 +222,24 @@ class TransformersEngine(SequenceSlots):
 
     # -- sequences ------------------------------------------------------------------------
 
-    def step(self, batch: Sequence[tuple[int, int]]) -> np.ndarray:
-        return self._forward([(seq, [token]) for seq, token in batch])
+    returns_ids = True  # greedy: the argmax is taken on the device, token ids come back
 
-    def score(self, seq: int, token_ids: Sequence[int]) -> np.ndarray:
-        rows = [self._forward([(seq, list(token_ids[start : start + self.batch_size]))])
+    def step(self, batch: Sequence[tuple[int, int]], ids: bool = False, banned=None) -> np.ndarray:
+        return self._forward([(seq, [token]) for seq, token in batch], ids=ids, banned=banned)
+
+    def score(self, seq: int, token_ids: Sequence[int], ids: bool = False, banned=None) -> np.ndarray:
+        rows = [self._forward([(seq, list(token_ids[start : start + self.batch_size]))], ids=ids, banned=banned)
                 for start in range(0, len(token_ids), self.batch_size)]
-        return np.concatenate(rows) if rows else np.zeros((0, self.vocab_size), np.float32)
+        empty = np.zeros(0, np.int64) if ids else np.zeros((0, self.vocab_size), np.float32)
+        return np.concatenate(rows) if rows else empty
 
-    def score_batch(self, feeds: Sequence[tuple[int, Sequence[int]]]) -> list[np.ndarray]:
+    def score_batch(self, feeds: Sequence[tuple[int, Sequence[int]]], ids: bool = False,
+                    banned=None) -> list[np.ndarray]:
         """Each (seq, tokens) a row of one forward pass (separate passes where one exceeds a batch)."""
         if any(len(tokens) > self.batch_size for _, tokens in feeds) or len({s for s, _ in feeds}) < len(feeds):
-            return [self.score(seq, tokens) for seq, tokens in feeds]
-        return split_rows(self._forward([(seq, list(tokens)) for seq, tokens in feeds]), feeds)
+            return [self.score(seq, tokens, ids, banned) for seq, tokens in feeds]
+        return split_rows(self._forward([(seq, list(tokens)) for seq, tokens in feeds], ids=ids, banned=banned),
+                          feeds)
 
     def truncate(self, seq: int, length: int) -> None:
         self._lengths[seq] = min(self._lengths[seq], length)  # entries past it are masked, then overwritten
@@ -250,8 +255,10 @@ class TransformersEngine(SequenceSlots):
     def _copy_entries(self, source: int, target: int) -> None:
         self._cache.copy_slot(source, target, self._lengths[source])
 
-    def _forward(self, rows: Sequence[tuple[int, list[int]]], want_logits: bool = True) -> np.ndarray:
-        """One forward pass feeding each (seq, tokens) row -> logits [total tokens, vocab]."""
+    def _forward(self, rows: Sequence[tuple[int, list[int]]], want_logits: bool = True, ids: bool = False,
+                 banned=None) -> np.ndarray:
+        """One forward pass feeding each (seq, tokens) row -> logits [total tokens, vocab], or with
+        ids the argmax of each [total tokens], taken on the device (banned ids never chosen)."""
         torch = self._torch
         starts = [self._lengths[seq] for seq, _ in rows]
         for (seq, tokens), start in zip(rows, starts):
@@ -280,5 +287,9 @@ class TransformersEngine(SequenceSlots):
                 torch.cuda.synchronize()  # a pass is over when it returns (prefill timings, errors)
             return np.zeros((0, self.vocab_size), np.float32)
         logits = out.logits.float()  # [rows, q, vocab]
-        kept = [logits[row, : len(tokens)] for row, (_, tokens) in enumerate(rows)]
-        return torch.cat(kept).cpu().numpy()
+        kept = torch.cat([logits[row, : len(tokens)] for row, (_, tokens) in enumerate(rows)])  # [n, vocab]
+        if not ids:
+            return kept.cpu().numpy()
+        if banned is not None and len(banned):
+            kept[:, torch.as_tensor(banned, device=kept.device)] = -torch.inf
+        return kept.argmax(dim=-1).cpu().numpy().astype(np.int64)

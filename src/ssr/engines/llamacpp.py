@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .base import EngineError, SequenceSlots, split_rows
+from .base import EngineError, SequenceSlots, argmax_ids, split_rows
 
 
 KV_TYPES = {"f32": 0, "f16": 1, "q8_0": 8}  # ggml_type ids
@@ -116,22 +116,26 @@ class LlamaCppEngine(SequenceSlots):
 
     # -- sequences ------------------------------------------------------------------------
 
-    def step(self, batch: Sequence[tuple[int, int]]) -> np.ndarray:
-        return self._decode(batch)
+    returns_ids = True  # greedy: the argmax is read off llama.cpp's logits buffer, no rows copied
 
-    def score(self, seq: int, token_ids: Sequence[int]) -> np.ndarray:
+    def step(self, batch: Sequence[tuple[int, int]], ids: bool = False, banned=None) -> np.ndarray:
+        return self._decode(batch, ids=ids, banned=banned)
+
+    def score(self, seq: int, token_ids: Sequence[int], ids: bool = False, banned=None) -> np.ndarray:
         rows = [
-            self._decode([(seq, token) for token in token_ids[start : start + self.batch_size]])
+            self._decode([(seq, token) for token in token_ids[start : start + self.batch_size]], ids=ids, banned=banned)
             for start in range(0, len(token_ids), self.batch_size)
         ]
-        return np.concatenate(rows) if rows else np.zeros((0, self.vocab_size), np.float32)
+        empty = np.zeros(0, np.int64) if ids else np.zeros((0, self.vocab_size), np.float32)
+        return np.concatenate(rows) if rows else empty
 
-    def score_batch(self, feeds: Sequence[tuple[int, Sequence[int]]]) -> list[np.ndarray]:
+    def score_batch(self, feeds: Sequence[tuple[int, Sequence[int]]], ids: bool = False,
+                    banned=None) -> list[np.ndarray]:
         """Each (seq, tokens) fed in one llama_decode (separate passes where they exceed a batch)."""
         pairs = [(seq, token) for seq, tokens in feeds for token in tokens]
         if len(pairs) > self.batch_size or len({seq for seq, _ in feeds}) < len(feeds):
-            return [self.score(seq, tokens) for seq, tokens in feeds]
-        return split_rows(self._decode(pairs), feeds)
+            return [self.score(seq, tokens, ids, banned) for seq, tokens in feeds]
+        return split_rows(self._decode(pairs, ids=ids, banned=banned), feeds)
 
     def truncate(self, seq: int, length: int) -> None:
         if length < self._lengths[seq]:
@@ -161,8 +165,10 @@ class LlamaCppEngine(SequenceSlots):
     def _copy_entries(self, source: int, target: int) -> None:
         self._lib.llama_memory_seq_cp(self._memory, source, target, -1, -1)  # shares cells, no recompute
 
-    def _decode(self, batch: Sequence[tuple[int, int]], want_logits: bool = True) -> np.ndarray:
-        """One llama_decode over (seq, token) pairs -> logits [len(batch), vocab]."""
+    def _decode(self, batch: Sequence[tuple[int, int]], want_logits: bool = True, ids: bool = False,
+                banned=None) -> np.ndarray:
+        """One llama_decode over (seq, token) pairs -> logits [len(batch), vocab] (copied out of
+        llama.cpp's buffer), or with ids the argmax of each [len(batch)] read in place."""
         llama_batch = self._batch
         positions = dict(self._lengths)
         for i, (seq, token) in enumerate(batch):
@@ -181,5 +187,5 @@ class LlamaCppEngine(SequenceSlots):
         self._lengths.update(positions)
         if not want_logits:
             return np.zeros((0, self.vocab_size), np.float32)
-        logits = self._lib.llama_get_logits(self._ctx)
-        return np.ctypeslib.as_array(logits, shape=(len(batch), self.vocab_size)).copy()
+        logits = np.ctypeslib.as_array(self._lib.llama_get_logits(self._ctx), shape=(len(batch), self.vocab_size))
+        return argmax_ids(logits, banned) if ids else logits.copy()
