@@ -116,6 +116,45 @@ def test_body_limits_413_and_408_and_truncated_upload():
         assert http.post("/v1/chat/completions", content=chunked(), headers=RAW).status_code == 413
 
 
+def test_lone_surrogate_escapes_get_400_not_500():
+    with TestClient(make_app()) as http:
+        for body in (b'{"model": "fake", "messages": [{"role": "user", "content": "hi \\ud800"}]}',
+                     b'{"model": "fake", "prompt": "\\udfff", "max_tokens": 4}',
+                     b'{"model": "fake", "messages": [{"role": "user", "content": "hi"}], "user": "\\ud83d"}'):
+            path = "/v1/completions" if b'"prompt"' in body else "/v1/chat/completions"
+            reply = http.post(path, content=body, headers=RAW)
+            assert reply.status_code == 400 and "surrogate" in reply.json()["error"]["message"]
+        paired = b'{"model": "fake", "messages": [{"role": "user", "content": "hi \\ud83d\\ude00"}], "max_tokens": 4}'
+        assert http.post("/v1/chat/completions", content=paired, headers=RAW).status_code == 200  # a real pair: text
+
+
+def test_a_client_that_sends_a_whole_oversize_body_reads_the_413():
+    """Over a real socket (uvicorn): urllib sends all 20 MB before it reads (no Expect:
+    100-continue); the server drains the body, so the client reads the 413, not a reset."""
+    import socket
+    import urllib.error
+    import urllib.request
+
+    import uvicorn
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(make_app(), host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        wait_until(lambda: server.started, timeout_s=30)
+        body = body_with(messages=[{"role": "user", "content": "x" * (20 << 20)}])
+        request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/chat/completions", data=body, headers=RAW)
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(request, timeout=60)
+        assert refused.value.code == 413 and json.loads(refused.value.read())["error"]["code"] == "body_too_large"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+
+
 @pytest.mark.parametrize("second, status", [("stall", 408), ("disconnect", 400)])
 def test_slow_or_truncated_upload(second, status):
     """At the ASGI level (a test client sends whole bodies): half a body, then nothing for

@@ -101,15 +101,25 @@ class AcceptanceStats:
         return curve[:length]
 
     def _survival(self, length: int) -> list[float]:
-        prior_hazard = 1.0 - self.prior_rate
-        pooled = (sum(self.failed[1:]) + self.prior_weight * prior_hazard) / (sum(self.at_risk[1:]) + self.prior_weight)
-        out, survival = [], 1.0
-        for position in range(length):
-            at_risk = self.at_risk[position] if position < len(self.at_risk) else 0.0
-            failed = self.failed[position] if position < len(self.failed) else 0.0
-            shrink = prior_hazard if position == 0 else pooled
-            survival *= 1.0 - (failed + self.prior_weight * shrink) / (at_risk + self.prior_weight)
+        """Kaplan-Meier with shrinkage (the class docstring): [length]. Positions no span tried
+        yet take the shrunk hazard itself (what the formula gives them)."""
+        prior_hazard, weight = 1.0 - self.prior_rate, self.prior_weight
+        at_risk, failed = self.at_risk, self.failed
+        pooled = (sum(failed[1:]) + weight * prior_hazard) / (sum(at_risk[1:]) + weight)
+        tried = min(length, len(at_risk))
+        out: list[float] = []
+        survival = 1.0
+        if tried:
+            survival = 1.0 - (failed[0] + weight * prior_hazard) / (at_risk[0] + weight)
             out.append(survival)
+        shrunk = weight * pooled
+        for risk, fail in zip(at_risk[1:tried], failed[1:tried]):
+            survival *= 1.0 - (fail + shrunk) / (risk + weight)
+            out.append(survival)
+        if len(out) < length:  # untried positions
+            survival *= 1.0 - (prior_hazard if not out else pooled)
+            out.append(survival)
+            out.extend(survival * (1.0 - pooled) ** k for k in range(1, length - len(out) + 1))
         return out
 
 

@@ -201,7 +201,8 @@ def cmd_traces(args: argparse.Namespace) -> int:
     from ..costs import load_costs
     from ..engines.vocab import load_vocab
     from .report import format_sources, sources_table
-    from .trace_replay import ORDERS, CostSetting, format_pass_table, mode_config, pass_table, replay_all
+    from .trace_replay import (ORDERS, CostSetting, format_headline, format_pass_table, headline_table, mode_config,
+                               pass_table, replay_all)
     from .traces import load_traces, tokenize_trace
 
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
@@ -229,6 +230,8 @@ def cmd_traces(args: argparse.Namespace) -> int:
     with open(out_dir / "rows.jsonl", "w", encoding="utf-8") as out:
         for row in rows:
             out.write(json.dumps(row) + "\n")
+    print(format_headline(headline_table(rows, args.step_ms), args.step_ms, args.markdown))
+    print()
     print(format_table(summarise(rows), args.markdown))
     print()
     print(format_pass_table(pass_table(rows, args.step_ms), args.step_ms, args.markdown))

@@ -145,3 +145,46 @@ def format_pass_table(table: list[dict], step_ms: float, markdown: bool = False)
               "-" if t["worst_at_step"] is None else f"{t['worst_at_step']:.3f}",
               f"{t['wall_s']:.1f}", f"{t['identical']}/{t['runs']}"] for t in table]
     return render_table(columns, lines, markdown)
+
+
+PEERS = ("suffix", "ngram", "pld")  # the peers, as their users run them; `paper` is a reference row
+
+
+def headline_table(rows: list[dict], step_ms: float = 6.0) -> list[dict]:
+    """Per (suite, engine): each mode's median ratio to `ar` on the modelled clock, `ssr` against
+    the best peer, `ssr`'s worst trace, and `ssr` and the best peer with host time at step_ms."""
+    import statistics
+
+    from .report import item_ratios
+
+    ratios = item_ratios(rows)  # (suite [engine], mode) -> {item: ratio}
+    passes = {(t["suite"], t["engine"], t["mode"]): t for t in pass_table(rows, step_ms)}
+    table = []
+    for suite, engine in sorted({(r["suite"], r["engine"]) for r in rows}):
+        group = f"{suite} [{engine}]" if engine != "llama.cpp" else suite
+        median = {mode: statistics.median(items.values()) for (name, mode), items in ratios.items() if name == group}
+        peers = [mode for mode in PEERS if mode in median]
+        best = min(peers, key=median.get) if peers else None
+        ssr = ratios.get((group, "ssr"), {})
+        table.append({"suite": suite, "engine": engine, "ratios": median, "best_peer": best,
+                      "ssr_vs_best": median["ssr"] / median[best] if best and "ssr" in median else None,
+                      "ssr_worst": max(ssr.values()) if ssr else None,
+                      "at_step": {mode: passes[(suite, engine, mode)]["ratio_at_step"]
+                                  for mode in median if (suite, engine, mode) in passes}})
+    return table
+
+
+def format_headline(table: list[dict], step_ms: float, markdown: bool = False) -> str:
+    from .report import MODE_ORDER, render_table
+
+    modes = [m for m in MODE_ORDER if m != "ar" and any(m in t["ratios"] for t in table)]
+
+    def cell(value: float | None) -> str:
+        return "-" if value is None else f"{value:.3f}"
+
+    columns = ["suite", "engine"] + modes + ["ssr / best peer", "ssr worst", f"ssr @{step_ms:g} ms + host",
+                                            f"best peer @{step_ms:g} ms + host"]
+    lines = [[t["suite"], t["engine"]] + [cell(t["ratios"].get(m)) for m in modes]
+             + [cell(t["ssr_vs_best"]), cell(t["ssr_worst"]), cell(t["at_step"].get("ssr")),
+                cell(t["at_step"].get(t["best_peer"]))] for t in table]
+    return render_table(columns, lines, markdown)

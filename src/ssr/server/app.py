@@ -139,29 +139,48 @@ async def _send_json(send, status: int, body: dict, headers: list[tuple[bytes, b
     await send({"type": "http.response.body", "body": payload})
 
 
+DRAIN_BYTES = 64 << 20  # an over-size body is read (and dropped) up to this, so its client can read the 413
+
+
 async def read_body(request: Request, limit: int, timeout_s: float) -> bytes:
     """The whole body, or ApiError: 413 past `limit` bytes, 408 if it has not arrived within
-    `timeout_s`, 400 if the client hung up half-way."""
+    `timeout_s`, 400 if the client hung up half-way. An over-size body is drained (up to
+    DRAIN_BYTES, within the time-out) before the 413: a client that sends its whole body before
+    reading (no `Expect: 100-continue`, as urllib) then reads the 413 instead of a reset."""
     declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > limit:
-        raise ApiError(413, f"the body is {int(declared)} bytes; the limit is {limit}", code="body_too_large")
+    too_large = declared.isdigit() and int(declared) > limit
     chunks, size = [], 0
 
     async def collect() -> None:
         nonlocal size
         async for chunk in request.stream():
             size += len(chunk)
-            if size > limit:
-                raise ApiError(413, f"the body is over the limit of {limit} bytes", code="body_too_large")
-            chunks.append(chunk)
+            if size > limit and not too_large:
+                chunks.clear()  # the rest is drained, not kept
+            if size > DRAIN_BYTES:
+                break
+            if size <= limit:
+                chunks.append(chunk)
 
     try:
         await asyncio.wait_for(collect(), timeout_s)
     except asyncio.TimeoutError as error:
+        if too_large or size > limit:
+            raise _too_large(declared, size, limit) from error
         raise ApiError(408, f"the body did not arrive within {timeout_s:g} s", kind="timeout_error") from error
     except ClientDisconnect as error:
+        if too_large or size > limit:
+            raise _too_large(declared, size, limit) from error
         raise ApiError(400, "the client closed the connection before the whole body arrived") from error
+    if too_large or size > limit:
+        raise _too_large(declared, size, limit)
     return b"".join(chunks)
+
+
+def _too_large(declared: str, size: int, limit: int) -> ApiError:
+    if declared.isdigit() and int(declared) > limit:
+        return ApiError(413, f"the body is {int(declared)} bytes; the limit is {limit}", code="body_too_large")
+    return ApiError(413, f"the body is over the limit of {limit} bytes", code="body_too_large")
 
 
 def _install_error_handlers(app: FastAPI) -> None:

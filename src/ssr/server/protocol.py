@@ -82,6 +82,12 @@ def parse_body(raw: bytes) -> dict:
         raise ApiError(422, f"the body is not valid JSON: {error}") from error
     if not isinstance(body, dict):
         raise ApiError(422, "the body must be a JSON object")
+    try:  # JSON may spell lone UTF-16 surrogates ("\\ud800"): valid JSON, not text
+        json.dumps(body, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError as error:
+        raise ApiError(400, "the body holds a lone UTF-16 surrogate escape (such as \\ud800): not text") from error
+    except RecursionError as error:
+        raise ApiError(422, "the body is not valid JSON: nested too deeply") from error
     return body
 
 
