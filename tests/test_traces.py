@@ -93,6 +93,7 @@ def test_repeated_items_are_told_apart_and_limit_counts_per_group(tmp_path):
     assert [t.item for t in traces] == ["task-0/Base", "task-1/Base", "task-0/GUIDE", "task-1/GUIDE"]
     assert traces[0].set == "set.dev" and traces[0].model == "Test/Model-1B"
     assert len(load_traces([path], limit=3)) == 3
+    assert [t.item for t in load_traces([path], tasks=1)] == ["task-0/Base", "task-0/GUIDE"]  # its variants too
     with pytest.raises(ConfigError, match="no traces"):
         load_traces([path], groups=["nothing like it"])
 

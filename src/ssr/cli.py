@@ -112,6 +112,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help=f"registry model or .gguf (its vocabulary), a tokenizer.json or a folder with one "
                              f"(default {DEFAULT_MODEL}: Qwen2's BPE, shared by Qwen3, QwQ and R1-Distill-Qwen)")
     traces.add_argument("--limit", type=int, default=None, help="traces per (set, model) group, the first in file order")
+    traces.add_argument("--tasks", type=int, default=None,
+                        help="per group, every trace of the first N tasks (their prompt variants and runs too)")
     traces.add_argument("--group", action="append", dest="groups", default=None,
                         help="only groups ('set / model') holding this text; repeatable")
     traces.add_argument("--host", default="off",

@@ -14,8 +14,8 @@ The request walks four stages:
                 guesses spans; each span is verified in one pass, the longest match kept
   4. finish   - outstanding children released, metrics closed
 Where verifying costs about a step (GPUs) and the engine feeds several sequences per pass, a
-span pass verifies up to MAX_BRANCHES candidate spans (suffix tree and its other branches,
-n-gram lookup, arctic-inference's tree), each on its own fork of the parent; greedy: the branch
+span pass verifies up to MAX_BRANCHES candidate spans (the suffix tree's best and its other
+branches, n-gram lookup), each on its own fork of the parent; greedy: the branch
 that accepts most becomes the parent (the model's own tokens, whichever branch holds them);
 sampling: the candidates are verified as one token tree (verify.verify_tree_sampled, exact).
 Whether and when children fork, how long they write and how the draft is verified is
@@ -42,7 +42,7 @@ from .sampling import target_probs
 from .spans import MAX_BRANCHES, SpanPolicy, span_extension
 from .text import TextStream
 from .thinking import ThinkingFormat
-from .verify import Verdict, verify_greedy, verify_sampled, verify_tree_sampled
+from .verify import Verdict, common_prefix, verify_greedy, verify_sampled, verify_tree_sampled
 from .walk import Chunk, Walk
 
 
@@ -96,7 +96,7 @@ class Generation(DraftChildren, Walk):
             self.parent = self._own(self.engine.prefill(self.prompt_ids[:-1]))
             since = clock.add("prefill", 0.0)
             proposer = self._proposer or request_proposer(self.config, self.extend, self.prompt_ids, self.history,
-                                                          arctic=self.branches > 1)
+                                                          several=self.branches > 1)
             if self.config.uses_draft and self.config.proposer == "suffix":
                 self.metrics.engine["suffix_spans"] = "past the match" if self.extend is not None else "match length"
             if hasattr(proposer, "implementation"):  # the suffix tree's: arctic-inference or ssr's own
@@ -325,7 +325,7 @@ class Generation(DraftChildren, Walk):
         won, verdict = verify_tree_sampled(spans, [target_probs(rows, self.config.sampling) for rows in scored],
                                            self.rng)
         emitted = spans[won][: verdict.num_accepted] + [verdict.next_token]
-        verdicts = [verdict if i == won else Verdict(_common_prefix(span, emitted), verdict.next_token, True)
+        verdicts = [verdict if i == won else Verdict(common_prefix(span, emitted), verdict.next_token, True)
                     for i, span in enumerate(spans)]  # what each candidate alone got right, for its statistics
         self._keep_branch(verdicts, won)
         return won, verdicts
@@ -419,12 +419,3 @@ class Generation(DraftChildren, Walk):
         self._live.discard(seq)
         self.engine.release(seq)
 
-
-def _common_prefix(span: list[int], emitted: list[int]) -> int:
-    """Tokens of span equal to the emitted tokens, from the start."""
-    count = 0
-    for mine, theirs in zip(span, emitted):
-        if mine != theirs:
-            break
-        count += 1
-    return count

@@ -183,7 +183,7 @@ class ArcticSuffixProposer(_OneSource):
     def __init__(self, params: SuffixParams, prompt: Sequence[int], history: ResponseHistory | None = None,
                  source: str = "suffix") -> None:
         self.params = params
-        self.source = source  # its candidates' name (ssr: "arctic", beside its own tree)
+        self.source = source  # its candidates' name
         history = history if history is not None else ResponseHistory(0)
         self.cache, self.request_id = history.arctic(params.max_depth)
         self.cache.start_request(self.request_id, list(prompt))
@@ -333,24 +333,18 @@ def ssr_suffix(params: SuffixParams, prompt_ids: Sequence[int], history: Respons
 
 
 def request_proposer(config, extend_prob: float | None, prompt_ids: Sequence[int],
-                     history: ResponseHistory | None, arctic: bool = False) -> Proposer | None:
+                     history: ResponseHistory | None, several: bool = False) -> Proposer | None:
     """One proposer for a request's output, seeded with the prompt (drafts join at the close).
     ssr: its suffix tree (spans past the match length with `extend_prob`, see
-    spans.span_extension) and n-gram lookup compete, and with `arctic` (several candidates
-    verified per pass) arctic-inference's tree too, where installed; the peers as their users
-    run them."""
+    spans.span_extension) and n-gram lookup compete; with `several` (several candidates verified
+    per pass) the suffix tree's other branches are candidates too (on arctic-inference's tree,
+    where installed); the peers as their users run them."""
     kind = config.proposer
     if kind == "suffix" and config.uses_draft:
         params = config.suffix
-        sources: dict[str, Proposer] = {
-            "suffix": ssr_suffix(params, prompt_ids, history, extend_prob, ALTERNATIVES if arctic else 0),
-            "lookup": PromptLookupProposer(prompt_ids, 3, params.max_span)}
-        if arctic:
-            try:
-                sources["arctic"] = ArcticSuffixProposer(PEER_SUFFIX, prompt_ids, history, source="arctic")
-            except ImportError:
-                pass  # without arctic-inference: ssr's own sources
-        return CompetingProposers(sources)
+        return CompetingProposers({
+            "suffix": ssr_suffix(params, prompt_ids, history, extend_prob, ALTERNATIVES if several else 0),
+            "lookup": PromptLookupProposer(prompt_ids, 3, params.max_span)})
     if kind == "suffix":
         return suffix_peer(prompt_ids, history)
     if kind == "pld":

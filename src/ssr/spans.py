@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Sequence
+from itertools import accumulate
 from dataclasses import dataclass, field, replace
 
 from .costs import CostModel
@@ -23,17 +24,15 @@ def best_span_length(accept_probs: Sequence[float], costs: CostModel) -> int:
     return best_span(accept_probs, costs)[0]
 
 
-def best_span(accept_probs: Sequence[float], costs: CostModel) -> tuple[int, float]:
-    """(best length, its expected tokens per second); length 0 is a plain step."""
-    priced = costs.costs(len(accept_probs) + 1)  # [k - 1]: a pass over k tokens
-    best_len, best_rate = 0, 1.0 / priced[0]
-    expected = 0.0
-    for length, prob in enumerate(accept_probs, start=1):
-        expected += prob
-        rate = (1.0 + expected) / priced[length]  # pending token + span in one pass
-        if rate > best_rate:
-            best_len, best_rate = length, rate
-    return best_len, best_rate
+def best_span(accept_probs: Sequence[float], costs: CostModel, priced: list[float] | None = None) -> tuple[int, float]:
+    """(best length, its expected tokens per second); length 0 is a plain step. priced: the
+    costs of passes over 1, 2, ... tokens (CostModel.costs), when the caller has them."""
+    if priced is None or len(priced) < len(accept_probs) + 1:
+        priced = costs.costs(len(accept_probs) + 1)  # [k - 1]: a pass over k tokens
+    rates = [1.0 / priced[0]] + [(1.0 + expected) / cost  # pending token + span in one pass
+                                 for expected, cost in zip(accumulate(accept_probs), priced[1:])]
+    best_len = max(range(len(rates)), key=rates.__getitem__)  # the first of equals: the shortest
+    return best_len, rates[best_len]
 
 
 MAX_BRANCHES = 6  # candidate spans verified in one pass at most (greedy, cheap verification, shared passes)
@@ -75,14 +74,12 @@ class AcceptanceStats:
     def observe(self, num_proposed: int, num_accepted: int) -> None:
         self.__dict__.pop("_curve", None)  # the curve changes
         tried = min(num_proposed, num_accepted + 1)
-        self.at_risk = [count * self.decay for count in self.at_risk]
-        self.failed = [count * self.decay for count in self.failed]
-        grow = tried - len(self.at_risk)
-        if grow > 0:
-            self.at_risk += [0.0] * grow
-            self.failed += [0.0] * grow
-        for position in range(tried):
-            self.at_risk[position] += 1
+        decay, at_risk = self.decay, self.at_risk
+        if tried > len(at_risk):
+            at_risk = at_risk + [0.0] * (tried - len(at_risk))
+            self.failed = self.failed + [0.0] * (tried - len(self.failed))
+        self.at_risk = [count * decay + 1.0 for count in at_risk[:tried]] + [count * decay for count in at_risk[tried:]]
+        self.failed = [count * decay for count in self.failed]
         if num_accepted < num_proposed:
             self.failed[num_accepted] += 1
 
@@ -161,8 +158,9 @@ class SpanPolicy:
         miss chance x its expected accepted tokens, at a plain step's cost each) outweigh what
         its tokens add to the pass. [] for a plain step."""
         ranked = []  # (tokens per second, source, cut span) of every span worth a pass alone
+        priced = self.costs.costs(max(len(span) for _, span in candidates) + 1) if candidates else []
         for source, span in candidates:
-            length, rate = best_span(self.stats[source].probs(len(span)), self.costs)
+            length, rate = best_span(self.stats[source].probs(len(span)), self.costs, priced)
             if length:
                 ranked.append((rate, source, span[:length]))
         ranked.sort(key=lambda each: -each[0])  # stable: the first of equals stays first

@@ -28,10 +28,13 @@ def verify_greedy(draft_ids: np.ndarray, target: np.ndarray) -> Verdict:
     """
     num_draft = len(draft_ids)
     _check_rows(num_draft, target, ids=True)
-    target_ids = target if target.ndim == 1 else np.argmax(target, axis=-1)  # [k + 1]
-    matches = target_ids[:num_draft] == np.asarray(draft_ids)
-    num_accepted = num_draft if matches.all() else int(np.argmin(matches))
-    return Verdict(num_accepted, int(target_ids[num_accepted]), num_accepted < num_draft)
+    target_ids = (target if target.ndim == 1 else np.argmax(target, axis=-1)).tolist()  # [k + 1]
+    num_accepted = 0  # a short Python walk: cheaper than array operations at these sizes
+    for drafted, chosen in zip(np.asarray(draft_ids).tolist(), target_ids):
+        if drafted != chosen:
+            break
+        num_accepted += 1
+    return Verdict(num_accepted, target_ids[num_accepted], num_accepted < num_draft)
 
 
 def verify_sampled(
@@ -96,6 +99,16 @@ def verify_tree_sampled(spans: list[list[int]], target_probs: list[np.ndarray],
         if not following:
             return lead, Verdict(depth, token, any(len(spans[i]) > depth for i in alive))
         alive, depth = following, depth + 1
+
+
+def common_prefix(span: list[int], emitted: list[int]) -> int:
+    """How many of span's first tokens equal the emitted tokens."""
+    count = 0
+    for mine, theirs in zip(span, emitted):
+        if mine != theirs:
+            break
+        count += 1
+    return count
 
 
 def _check_rows(num_draft: int, target_rows: np.ndarray, ids: bool = False) -> None:

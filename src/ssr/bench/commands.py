@@ -220,7 +220,9 @@ def cmd_traces(args: argparse.Namespace) -> int:
                 for spec in (s.strip() for s in args.cost_model.split(",")) if spec]
     if not settings:
         raise ConfigError("--cost-model: give 'gpu' or calibrate JSON files")
-    traces = load_traces([Path(f) for f in args.files], args.limit, args.groups)
+    if args.tasks is not None and args.tasks < 1:
+        raise ConfigError("--tasks must be >= 1")
+    traces = load_traces([Path(f) for f in args.files], args.limit, args.groups, args.tasks)
     vocab = load_vocab(args.tokenizer)
     tokens = [tokenize_trace(t, vocab) for t in tqdm(traces, unit="trace", desc="tokenizing", dynamic_ncols=True,
                                                       disable=not sys.stderr.isatty())]

@@ -107,8 +107,11 @@ class ReplayEngine:
         return self._new(list(token_ids), None)
 
     def fork(self, seq: int) -> int:
+        self._begin(is_pass=False)  # an engine call (a KV-cache operation), not the loop's host time
         cot_tokens = len(self._tokens[seq]) + 1 - len(self.model.prompt_ids)  # the pending token counts
-        return self._new(list(self._tokens[seq]), cot_tokens)
+        forked = self._new(list(self._tokens[seq]), cot_tokens)
+        self._since = time.perf_counter()
+        return forked
 
     def step(self, batch: Sequence[tuple[int, int]], ids: bool = False, banned=None) -> np.ndarray:
         """Rows [n, vocab], or with ids the predicted tokens [n] (the row's model writes no
@@ -139,10 +142,13 @@ class ReplayEngine:
         self._since = time.perf_counter()
         return out
 
-    def _begin(self) -> None:
-        """A pass starts: the loop's time since the last one is host time (on the clock with `host`)."""
-        self.passes += 1
+    def _begin(self, is_pass: bool = True) -> None:
+        """A pass (or another engine call) starts: the loop's time since the engine last returned
+        is host time (on the clock with `host`)."""
+        self.passes += is_pass
         if isinstance(self.host, (int, float)):
+            if not is_pass:
+                return
             self.host_s += self.host
             self.seconds += self.host
         elif self._since is not None:
@@ -171,8 +177,10 @@ class ReplayEngine:
         del self._tokens[seq][length:]
 
     def release(self, seq: int) -> None:
+        self._begin(is_pass=False)
         del self._tokens[seq]
         self._forked_at.pop(seq, None)
+        self._since = time.perf_counter()
 
     def length(self, seq: int) -> int:
         return len(self._tokens[seq])

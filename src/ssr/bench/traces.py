@@ -33,6 +33,7 @@ class TextTrace:
     messages: tuple[tuple[str, str], ...]  # the prompt: (role, content) per message
     cot: str  # the reasoning, without its markers
     answer: str  # the text after the reasoning
+    task: str = ""  # the task it answers (several traces may: prompt variants, runs)
 
     @property
     def group(self) -> str:
@@ -73,7 +74,7 @@ def read_traces(path: Path) -> Iterator[TextTrace]:
                 seen[key] = seen.get(key, 0) + 1
                 if seen[key] > 1:  # the same item again: a repeat of its own
                     trace = TextTrace(trace.set, trace.model, f"{trace.item}#{seen[key]}", trace.messages,
-                                      trace.cot, trace.answer)
+                                      trace.cot, trace.answer, trace.task)
                 yield trace
     except (OSError, EOFError, gzip.BadGzipFile, UnicodeDecodeError) as error:
         raise ConfigError(f"cannot read traces from {path}: {error}") from error
@@ -99,7 +100,7 @@ def parse_trace(data: dict, set_name: str) -> TextTrace:
                          _messages(data["messages"]), data.get("reasoning") or "", data.get("answer") or "")
     item = "/".join(str(data[key]) for key in ("task_id", "setting", "run") if data.get(key) is not None)
     return TextTrace(set_name, _short(data.get("model") or "unknown"), item, (("user", _text(data["prompt"])),),
-                     _text(data["cot"]), _text(data["answer"]))
+                     _text(data["cot"]), _text(data["answer"]), str(data.get("task_id", item)))
 
 
 def _short(model: str) -> str:
@@ -136,11 +137,14 @@ def tokenize_trace(trace: TextTrace, vocab) -> TokenTrace:
     return TokenTrace(trace, prompt, vocab.tokenize(trace.cot) + [end_of_thinking], vocab.tokenize(trace.answer))
 
 
-def load_traces(paths: list[Path], limit: int | None = None, groups: list[str] | None = None) -> list[TextTrace]:
-    """Traces of every file, in file order; per (set, model) group the first `limit`; `groups`:
-    keep groups whose name holds one of these (case-insensitive)."""
+def load_traces(paths: list[Path], limit: int | None = None, groups: list[str] | None = None,
+                tasks: int | None = None) -> list[TextTrace]:
+    """Traces of every file, in file order; per (set, model) group the first `limit`, or every
+    trace of its first `tasks` tasks (all their prompt variants and runs); `groups`: keep groups
+    whose name holds one of these (case-insensitive)."""
     kept: list[TextTrace] = []
     counts: dict[str, int] = {}
+    chosen: dict[str, set[str]] = {}  # group -> the tasks kept
     for path in paths:
         if not path.is_file():
             raise ConfigError(f"{path}: no such traces file")
@@ -149,6 +153,11 @@ def load_traces(paths: list[Path], limit: int | None = None, groups: list[str] |
                 continue
             if limit is not None and counts.get(trace.group, 0) >= limit:
                 continue
+            if tasks is not None:
+                picked = chosen.setdefault(trace.group, set())
+                if trace.task not in picked and len(picked) >= tasks:
+                    continue
+                picked.add(trace.task)
             counts[trace.group] = counts.get(trace.group, 0) + 1
             kept.append(trace)
     if not kept:
