@@ -137,6 +137,10 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--shutdown-grace", type=float, default=30.0,
                        help="on SIGTERM: seconds running requests may take to finish before they are cancelled")
     serve.add_argument("--max-body-mb", type=float, default=8.0, help="larger request bodies get 413")
+    serve.add_argument("--log-requests", default=None, metavar="FILE",
+                       help="append one JSON line per finished request (prompt messages, reasoning, answer, timing, "
+                            "speculation) to FILE, the shape `ssr traces` replays; off by default (prompts may be "
+                            "private)")
 
     commands.add_parser("models", help="list the registry models and whether they are installed")
     return parser
@@ -376,7 +380,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     model.costs  # the policy's cost table: measured (or read from the cache) before the first request
     name = args.served_model_name or args.model
     app = create_app(model, name, args.max_queue, args.request_timeout, defaults, aliases=(args.model,),
-                     api_key=args.api_key, max_body_bytes=int(args.max_body_mb * 2**20))
+                     api_key=args.api_key, max_body_bytes=int(args.max_body_mb * 2**20),
+                     log_requests=args.log_requests, log=lambda line: print(line, file=sys.stderr, flush=True))
     auth = "an API key required" if args.api_key else "no API key (--api-key or SSR_API_KEY to require one)"
     print(f"ssr: serving {name} on http://{args.host}:{args.port}/v1 (mode {defaults.mode}; {auth})",
           file=sys.stderr)

@@ -14,7 +14,7 @@ import time
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 
@@ -32,11 +32,18 @@ OPEN_PATHS = ("/health",)  # answered without an API key
 def create_app(model, served_name: str, max_queue: int = 16, timeout_s: float = 600.0,
                defaults: GenerationConfig | None = None, aliases: tuple[str, ...] = (),
                api_key: str | None = None, max_body_bytes: int = MAX_BODY_BYTES,
-               body_timeout_s: float = BODY_TIMEOUT_S):
+               body_timeout_s: float = BODY_TIMEOUT_S, log_requests: str | None = None, log=print):
+    from .observe import RequestLog, ServerMetrics
+
     defaults = defaults or GenerationConfig()
     served = {served_name, *aliases}
     stats = Stats()
-    scheduler = Scheduler(model, max_queue, timeout_s, stats)
+    scheduler = Scheduler(model, max_queue, timeout_s, stats, served_name)
+    metrics_out = ServerMetrics(stats, scheduler, model.engine)
+    scheduler.on_finished.append(metrics_out.observe)
+    request_log = RequestLog(log_requests, log) if log_requests else None
+    if request_log is not None:
+        scheduler.on_finished.append(request_log.write)
     @contextlib.asynccontextmanager
     async def lifespan(_):
         yield
@@ -50,6 +57,8 @@ def create_app(model, served_name: str, max_queue: int = 16, timeout_s: float = 
     app = FastAPI(title="ssr", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
     app.state.scheduler = scheduler
     app.state.engine = model.engine
+    app.state.metrics = metrics_out
+    app.state.request_log = request_log
     app.add_middleware(Gate, scheduler=scheduler, api_key=api_key)
 
     _install_error_handlers(app)
@@ -57,6 +66,8 @@ def create_app(model, served_name: str, max_queue: int = 16, timeout_s: float = 
     @app.get("/health")
     async def health():
         state = {"model": served_name, "running": int(scheduler.running is not None), "waiting": scheduler.waiting}
+        if request_log is not None:  # a request log that cannot be written is reported here
+            state["request_log"] = request_log.health()
         if scheduler.draining:  # a load balancer stops sending here
             return JSONResponse({"status": "draining", **state}, status_code=503)
         return {"status": "ok", **state}
@@ -68,7 +79,8 @@ def create_app(model, served_name: str, max_queue: int = 16, timeout_s: float = 
 
     @app.get("/metrics")
     async def metrics():
-        return PlainTextResponse(prometheus(stats, scheduler, model.engine))
+        body, content_type = metrics_out.render()
+        return Response(body, media_type=content_type)
 
     async def handle(request: Request, kind: str):
         raw = await read_body(request, max_body_bytes, body_timeout_s)
@@ -258,47 +270,6 @@ async def _sse(job: Job, request: ParsedRequest, model: str, prompt_tokens: int)
         yield "data: [DONE]\n\n"
     finally:
         job.cancelled.set()  # harmless when finished; frees the sequences when the client left
-
-
-VLLM_LIKE = (  # (name, help, counter key) - same meaning as vLLM's spec-decode counters
-    ("ssr:spec_decode_num_drafts", "Verify passes (draft prefix and suffix spans).", "verify_passes"),
-    ("ssr:spec_decode_num_draft_tokens", "Tokens proposed for verification.", "proposed_tokens"),
-    ("ssr:spec_decode_num_accepted_tokens", "Proposed tokens accepted.", "accepted_tokens"),
-    ("ssr:prompt_tokens", "Prompt tokens processed.", "prompt_tokens"),
-    ("ssr:generation_tokens", "Tokens generated (reasoning and answer).", "generation_tokens"),
-)
-SSR_OWN = (
-    ("ssr:draft_children", "Draft children forked from a partial chain of thought.", "drafts"),
-    ("ssr:draft_child_tokens", "Answer tokens written by draft children.", "draft_tokens"),
-    ("ssr:accepted_prefix_tokens", "Draft tokens accepted as the answer's prefix.", "accepted_prefix_tokens"),
-    ("ssr:suffix_proposed_tokens", "Tokens proposed by suffix decoding.", "suffix_proposed_tokens"),
-    ("ssr:suffix_accepted_tokens", "Suffix-decoding tokens accepted.", "suffix_accepted_tokens"),
-    ("ssr:reasoning_tokens", "Chain-of-thought tokens.", "reasoning_tokens"),
-)
-
-
-def prometheus(stats: Stats, scheduler: Scheduler, engine) -> str:
-    with stats.lock:
-        c = dict(stats.counters)
-        stages = dict(stats.stage_seconds)
-    c["proposed_tokens"] = c.get("verified_draft_tokens", 0) + c.get("suffix_proposed_tokens", 0)
-    c["accepted_tokens"] = c.get("accepted_prefix_tokens", 0) + c.get("suffix_accepted_tokens", 0)
-    c["generation_tokens"] = c.get("reasoning_tokens", 0) + c.get("answer_tokens", 0)
-    lines = []
-    for name, text, key in VLLM_LIKE + SSR_OWN:
-        lines += [f"# HELP {name}_total {text}", f"# TYPE {name}_total counter", f"{name}_total {c.get(key, 0)}"]
-    lines += ["# HELP ssr:stage_seconds_total Wall seconds per request stage (draft overlaps cot).",
-              "# TYPE ssr:stage_seconds_total counter"]
-    lines += [f'ssr:stage_seconds_total{{stage="{stage}"}} {seconds:.6f}' for stage, seconds in sorted(stages.items())]
-    lines += ["# HELP ssr:requests_total Finished requests by outcome.", "# TYPE ssr:requests_total counter"]
-    for outcome in ("ok", "cancelled", "timed_out", "rejected", "invalid", "failed"):
-        lines.append(f'ssr:requests_total{{outcome="{outcome}"}} {c.get(outcome, 0)}')
-    gauges = (("ssr:num_requests_running", "Requests decoding now.", int(scheduler.running is not None)),
-              ("ssr:num_requests_waiting", "Requests in the queue.", scheduler.waiting),
-              ("ssr:live_sequences", "Engine sequences holding KV cache.", _live(engine)))
-    for name, text, value in gauges:
-        lines += [f"# HELP {name} {text}", f"# TYPE {name} gauge", f"{name} {value}"]
-    return "\n".join(lines) + "\n"
 
 
 def _live(engine) -> int:

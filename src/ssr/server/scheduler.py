@@ -29,6 +29,7 @@ class Job:
     events: asyncio.Queue = field(default_factory=asyncio.Queue)  # (kind, payload) tuples
     cancelled: threading.Event = field(default_factory=threading.Event)  # the client left, or shutdown
     shutdown: bool = False  # cancelled by a shutdown whose grace ran out: the client still waits for an answer
+    arrived: float = field(default_factory=time.monotonic)  # when it was submitted
 
     def emit(self, kind: str, payload) -> None:
         self.loop.call_soon_threadsafe(self.events.put_nowait, (kind, payload))
@@ -64,8 +65,10 @@ class Stats:
 
 
 class Scheduler:
-    def __init__(self, model, max_queue: int, timeout_s: float, stats: Stats) -> None:
+    def __init__(self, model, max_queue: int, timeout_s: float, stats: Stats, served_name: str = "") -> None:
         self.model, self.max_queue, self.timeout_s, self.stats = model, max_queue, timeout_s, stats
+        self.served_name = served_name  # the model's name in metrics and the request log
+        self.on_finished: list = []  # callables given each started request's observe.Finished
         self._waiting: collections.deque[Job] = collections.deque()
         self._wake = threading.Condition()
         self.running: Job | None = None
@@ -153,6 +156,7 @@ class Scheduler:
             return
         job.emit("started", {"prompt_tokens": len(generation.prompt_ids)})
         finish, stops = None, _StopFilter(request.stop)
+        seen = _Seen(job.arrived, time.monotonic())
         chunks = iter(generation)
         try:
             for chunk in chunks:
@@ -163,10 +167,12 @@ class Scheduler:
                     finish = "timeout"
                     break
                 if chunk.channel == "reasoning":
+                    seen.text(chunk.text, answer=False)
                     job.emit("reasoning", chunk.text)
                     continue
                 text, hit = stops.push(chunk.text)
                 if text:
+                    seen.text(text, answer=True)
                     job.emit("answer", text)
                 if hit:
                     finish = "stop"
@@ -179,10 +185,12 @@ class Scheduler:
         if finish is None:
             tail = stops.flush()
             if tail:
+                seen.text(tail, answer=True)
                 job.emit("answer", tail)
             finish = "length" if generation.metrics.stop == "max_tokens" else "stop"
         metrics = generation.metrics.as_dict()
         self.stats.add_metrics(metrics)
+        self._finished(job, seen, finish, metrics, generation.result.trace if generation.result else [])
         self.stats.add(**{{"cancelled": "cancelled", "timeout": "timed_out", "error": "failed"}.get(finish, "ok"): 1})
         if finish == "timeout":
             job.emit("error", ApiError(504, f"the request ran past the {self.timeout_s:g} s time-out",
@@ -191,6 +199,39 @@ class Scheduler:
             job.emit("error", shutting_down(CANCELLED_BY_SHUTDOWN))
         elif finish not in ("cancelled", "error"):
             job.emit("done", {"finish_reason": finish, "metrics": metrics})
+
+
+    def _finished(self, job: Job, seen: _Seen, finish: str, metrics: dict, trace: list[dict]) -> None:
+        """Tell the observers (metrics, the request log); one that fails does not fail the request."""
+        from .observe import Finished
+
+        done = Finished(job.request.request_id, self.served_name, job.request.prompt, finish, seen.started - seen.arrived,
+                        seen.first, seen.first_answer, time.monotonic() - seen.arrived, metrics, trace,
+                        "".join(seen.reasoning).strip(), "".join(seen.answer).strip())  # as a whole response has them
+        for observe in self.on_finished:
+            try:
+                observe(done)
+            except Exception:  # noqa: BLE001 - observing must never take the worker down
+                self.stats.add(observer_errors=1)
+
+
+class _Seen:
+    """What a request's client has been sent, and when (monotonic seconds)."""
+
+    def __init__(self, arrived: float, started: float) -> None:
+        self.arrived, self.started = arrived, started
+        self.first: float | None = None  # the first text, reasoning or answer, after arrival
+        self.first_answer: float | None = None
+        self.reasoning: list[str] = []
+        self.answer: list[str] = []
+
+    def text(self, piece: str, answer: bool) -> None:
+        now = time.monotonic() - self.arrived
+        if self.first is None:
+            self.first = now
+        if answer and self.first_answer is None:
+            self.first_answer = now
+        (self.answer if answer else self.reasoning).append(piece)
 
 
 CANCELLED_BY_SHUTDOWN = "the server shut down before this request finished; retry"
