@@ -214,3 +214,17 @@ def test_load_costs_errors(tmp_path):
     good = tmp_path / "good.json"
     good.write_text(gpu_preset().to_json())
     assert load_costs(str(good)).step(2) == pytest.approx(gpu_preset().step(2))
+
+
+def test_host_time_on_the_simulator_clock():
+    """--host: a figure per pass adds exactly passes x figure; measured adds this machine's own."""
+    costs = gpu_preset()
+    rows = [bench_row(FakeEngine(order=1), PROMPTS[0], mode, "0") for mode in ("ar", "ssr")]
+    off = simulate(rows, costs, GenerationConfig())
+    fixed = simulate(rows, costs, GenerationConfig(), host=0.001)
+    measured = simulate(rows, costs, GenerationConfig(), host="measured")
+    for a, b, c, row in zip(off, fixed, measured, rows):
+        m = row["metrics"]
+        assert b["modelled_s"] > a["modelled_s"] and c["modelled_s"] >= a["modelled_s"]
+        if row["mode"] == "ar":  # one pass per token: the figure once for each step and the closing pass
+            assert b["modelled_s"] - a["modelled_s"] == pytest.approx(0.001 * (m["decode_steps"] + 1))

@@ -220,3 +220,12 @@ def test_real_traces_replay_token_for_token_in_every_mode():
     traces = [t for path in sorted(SHARED_TRACES.glob("*.jsonl.gz")) for t in load_traces([path], limit=1)]
     rows = replay_all([tokenize_trace(t, vocab) for t in traces], TRACE_MODES, [GPU], orders=["cold"])
     assert rows and all(row["identical"] for row in rows)
+
+
+def test_gpu_preset_with_a_step():
+    from ssr.costs import load_costs
+
+    six = load_costs("gpu:6")
+    assert six.step_s[1] == pytest.approx(0.006) and six.score_s[128] / six.step_s[1] == pytest.approx(1.1)
+    with pytest.raises(ConfigError, match="gpu:MS"):
+        load_costs("gpu:fast")

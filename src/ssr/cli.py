@@ -70,7 +70,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     sim = commands.add_parser("simulate", help="replay bench traces under a cost model; projected ratios to ar")
     sim.add_argument("--traces", nargs="+", required=True, help="bench folders or JSONL files")
-    sim.add_argument("--cost-model", default="gpu", help="a JSON from ssr calibrate, or the preset 'gpu'")
+    sim.add_argument("--cost-model", default="gpu",
+                     help="a JSON from ssr calibrate, the preset 'gpu', or gpu:MS (the preset with an MS-millisecond step)")
     sim.add_argument("--spans", default="policy", choices=("policy", "recorded"),
                      help="policy: re-decide spans under the cost model (projection); recorded: the run's own "
                           "spans (checks the cost model against measured seconds)")
@@ -91,6 +92,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="with --record-drafts: KV cache tokens (default 8192)")
     sim.add_argument("--save-traces", default=None, metavar="JSONL",
                      help="write the rows (with the planned drafts) to this file")
+    sim.add_argument("--host", default="off",
+                     help="the loop's host time on the modelled clock: off (default), measured (this machine's), "
+                          "or milliseconds per pass")
     sim.add_argument("--json", action="store_true", help="print the table as JSON")
     sim.add_argument("--markdown", action="store_true", help="print the table as markdown")
 
@@ -107,7 +111,8 @@ def build_parser() -> argparse.ArgumentParser:
     traces.add_argument("--orders", default="cold,deployment",
                         help="cold (each trace alone) and/or deployment (file order, earlier responses cached)")
     traces.add_argument("--cost-model", default="gpu",
-                        help="comma-separated: the preset 'gpu' and/or JSON files from ssr calibrate (default gpu)")
+                        help="comma-separated: the preset 'gpu', gpu:MS (its step MS milliseconds) and/or JSON files "
+                             "from ssr calibrate (default gpu)")
     traces.add_argument("--tokenizer", default=DEFAULT_MODEL,
                         help=f"registry model or .gguf (its vocabulary), a tokenizer.json or a folder with one "
                              f"(default {DEFAULT_MODEL}: Qwen2's BPE, shared by Qwen3, QwQ and R1-Distill-Qwen)")

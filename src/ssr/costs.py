@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import statistics
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from .config import ConfigError
@@ -104,9 +104,18 @@ def gpu_preset(step: float = 0.015) -> Costs:
 
 
 def load_costs(spec: str) -> Costs:
-    """A JSON file from `ssr calibrate`, or the preset name `gpu`."""
+    """A JSON file from `ssr calibrate`, the preset `gpu`, or `gpu:MS` (the preset with a step of
+    MS milliseconds: host time, which is absolute, then weighs as on that GPU)."""
     if spec == "gpu":
         return gpu_preset()
+    if spec.startswith("gpu:"):
+        try:
+            step_ms = float(spec[4:])
+        except ValueError:
+            step_ms = -1.0
+        if not step_ms > 0:
+            raise ConfigError(f"cost model {spec!r}: give gpu:MS with a step of MS > 0 milliseconds, e.g. gpu:6")
+        return replace(gpu_preset(step_ms / 1e3), source=gpu_preset().source + f", step {step_ms:g} ms")
     path = Path(spec)
     try:
         return Costs.from_dict(json.loads(path.read_text(encoding="utf-8")))

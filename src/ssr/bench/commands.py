@@ -168,7 +168,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
             if args.record_drafts else None
         drafts = DraftBook(engine)
     try:
-        projected = simulate(rows, costs, GenerationConfig(), args.spans, drafts, progress=bool(args.record_drafts))
+        projected = simulate(rows, costs, GenerationConfig(), args.spans, drafts, progress=bool(args.record_drafts),
+                             host=_host_setting(args.host))
     finally:  # drafts written before an error (Ctrl-C, a missing draft) are kept
         if args.save_traces:
             _write_rows(Path(args.save_traces), rows)
@@ -181,7 +182,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"cost_model": costs.source, "table": table}, indent=1))
     else:
-        print(f"cost model: {costs.source}; spans: {args.spans}" + ("; anchored to each item's ar" if args.anchor_ar else ""))
+        print(f"cost model: {costs.source}; spans: {args.spans}; host time on the clock: {args.host}"
+              + ("; anchored to each item's ar" if args.anchor_ar else ""))
         print(format_projection(table, markdown=args.markdown))
     return 0
 
@@ -216,7 +218,7 @@ def cmd_traces(args: argparse.Namespace) -> int:
     if args.step_ms <= 0:
         raise ConfigError("--step-ms must be > 0")
     host = _host_setting(args.host)
-    settings = [CostSetting(Path(spec).stem if spec != "gpu" else "gpu", load_costs(spec))
+    settings = [CostSetting(spec if spec.startswith("gpu") else Path(spec).stem, load_costs(spec))
                 for spec in (s.strip() for s in args.cost_model.split(",")) if spec]
     if not settings:
         raise ConfigError("--cost-model: give 'gpu' or calibrate JSON files")

@@ -47,11 +47,12 @@ class Replay:
 def replay(row: dict, costs: Costs, config: GenerationConfig, answer_prefix_ids: list[int],
            spans: str = "policy", forced_end_ids: list[int] | None = None,
            history: ResponseHistory | None = None, stats: PolicyStats | None = None,
-           drafts: DraftBook | None = None) -> Replay:
+           drafts: DraftBook | None = None, host: str | float | None = None) -> Replay:
     """Modelled seconds of one bench row under `costs` (its own mode, greedy); `history`: the
     earlier rows' responses, as the bench gave them to this row's mode; `stats`: what the
     engine's earlier rows taught the policy (span acceptance), as the bench's model kept it.
-    drafts: drafting re-planned under `costs`, its drafts from this book (else: the run's plan)."""
+    drafts: drafting re-planned under `costs`, its drafts from this book (else: the run's plan).
+    host: the loop's host time on the clock (ReplayEngine: "measured", or seconds per pass)."""
     config = replace(config, mode=row["mode"], sampling=SamplingParams())
     metrics = row["metrics"]
     stats = stats if stats is not None else PolicyStats()
@@ -65,7 +66,7 @@ def replay(row: dict, costs: Costs, config: GenerationConfig, answer_prefix_ids:
         cot_end=metrics["cot_end"], stop=metrics["stop"], repetition_stop=config.repetition_stop)
     if drafts is not None:
         model = _with_planned_draft(row, model, plan, drafts)
-    engine = ReplayEngine(model, costs)
+    engine = ReplayEngine(model, costs, host=host)
     proposer = None
     if spans == "recorded":
         config = replace(config, adaptive_spans=False)
@@ -159,7 +160,7 @@ def project_modes(rows: list[dict], modes: Sequence[str]) -> list[dict]:
 
 
 def simulate(rows: list[dict], costs: Costs, config: GenerationConfig, spans: str = "policy",
-             drafts: DraftBook | None = None, progress: bool = False) -> list[dict]:
+             drafts: DraftBook | None = None, progress: bool = False, host: str | float | None = None) -> list[dict]:
     """Per row: measured and modelled seconds; rows must come from greedy runs. drafts: drafting
     re-planned under `costs`, drafts from the book (it writes missing ones into the rows)."""
     from tqdm import tqdm
@@ -179,7 +180,7 @@ def simulate(rows: list[dict], costs: Costs, config: GenerationConfig, spans: st
         # rows since the response history record how many responses they could copy from
         history = histories[(row.get("engine"), row["mode"], row["repeat"])] if "history_responses" in row else None
         result = replay(row, costs, row_config, prefixes[suite], spans, forced_ends[suite], history,
-                        learnt[row.get("engine")], drafts)
+                        learnt[row.get("engine")], drafts, host)
         out.append({"suite": suite, "item": row["item"], "repeat": row["repeat"], "mode": row["mode"],
                     "measured_s": row["metrics"]["total_s"], "modelled_s": result.total_s,
                     "modelled_stages": dict(result.seconds),
