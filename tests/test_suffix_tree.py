@@ -3,7 +3,7 @@ import random
 import numpy as np
 import pytest
 
-from ssr.proposers import PromptLookupProposer, SuffixProposer
+from ssr.proposers import PromptLookupProposer, SuffixProposer, vllm_ngram
 from ssr.config import SuffixParams
 from ssr.suffix_tree import SuffixTree
 
@@ -154,9 +154,10 @@ def test_prompt_lookup_proposer():
     assert proposer.propose(3) == ([], None)
 
 
-def _prompt_lookup_oracle(tokens, max_ngram, num_tokens):
-    """transformers' search, written plainly: n from max_ngram down to 1, earliest match first."""
-    for size in range(min(max_ngram, len(tokens) - 1), 0, -1):
+def _prompt_lookup_oracle(tokens, max_ngram, num_tokens, min_ngram=1):
+    """transformers' search (and vLLM's ngram, min_ngram = max_ngram), written plainly: n from
+    max_ngram down to min_ngram, earliest match first."""
+    for size in range(min(max_ngram, len(tokens) - 1), min_ngram - 1, -1):
         for start in range(len(tokens) - size):
             if tokens[start:start + size] == tokens[-size:]:
                 return tokens[start + size:start + size + num_tokens]
@@ -171,3 +172,13 @@ def test_prompt_lookup_matches_brute_force(seed):
     for _ in range(40):
         assert proposer.propose(10)[0] == _prompt_lookup_oracle(proposer.tokens, 2, 10)
         proposer.observe([rng.randrange(6) for _ in range(rng.randrange(1, 3))])
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_vllm_ngram_matches_brute_force(seed):
+    """vLLM's ngram as its docs configure it: the 4-gram ending the context, earliest, 5 tokens."""
+    rng = random.Random(seed)
+    tokens = [rng.randrange(4) for _ in range(rng.randrange(5, 60))]
+    peer = vllm_ngram(tokens[:3])
+    peer.observe(tokens[3:])
+    assert peer.propose(100)[0] == _prompt_lookup_oracle(tokens, 4, 5, min_ngram=4)

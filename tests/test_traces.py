@@ -17,7 +17,6 @@ from ssr.bench.traces import load_traces, parse_trace, read_traces, tokenize_tra
 from ssr.cli import main
 from ssr.config import ConfigError
 from ssr.costs import gpu_preset
-from ssr.proposers import PromptLookupProposer, vllm_ngram
 
 SHARED_TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
 GPU = CostSetting("gpu", gpu_preset())
@@ -158,28 +157,6 @@ def test_replay_engine_ids_are_the_argmax_of_its_rows():
     assert rows.shape == (5, engines[0].vocab_size) and ids.shape == (5,)
     assert np.array_equal(np.argmax(rows, axis=1), ids)
     assert engines[0].seconds == engines[1].seconds
-
-
-def _ngram_oracle(tokens: list[int], low: int, high: int, k: int) -> list[int]:
-    """vLLM's ngram proposal by brute force: the longest n in [low, high] whose last n tokens
-    occurred earlier; the earliest such occurrence; the k tokens after it."""
-    for n in range(min(high, len(tokens) - 1), low - 1, -1):
-        suffix = tokens[-n:]
-        for start in range(len(tokens) - n):
-            if tokens[start:start + n] == suffix:
-                return tokens[start + n:start + n + k]
-    return []
-
-
-@pytest.mark.parametrize("seed", range(20))
-def test_ngram_peer_matches_a_brute_force_oracle(seed):
-    rng = random.Random(seed)
-    tokens = [rng.randrange(4) for _ in range(rng.randrange(5, 60))]
-    peer = vllm_ngram(tokens[:3])
-    peer.observe(tokens[3:])
-    assert peer.propose(100)[0] == _ngram_oracle(tokens, 4, 4, 5)
-    lookup = PromptLookupProposer(tokens)  # transformers' prompt lookup: n = 2, then 1; 10 tokens
-    assert lookup.propose(100)[0] == _ngram_oracle(tokens, 1, 2, 10)
 
 
 def test_cli_replays_a_log_and_refuses_bad_flags_before_reading(tmp_path, capsys):
