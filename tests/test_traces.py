@@ -206,3 +206,17 @@ def test_gpu_preset_with_a_step():
     assert six.step_s[1] == pytest.approx(0.006) and six.score_s[128] / six.step_s[1] == pytest.approx(1.1)
     with pytest.raises(ConfigError, match="gpu:MS"):
         load_costs("gpu:fast")
+
+
+@pytest.mark.parametrize("mode, bound_ms", [("ssr", 5.0), ("suffix", 2.0), ("pld", 2.0), ("ar", 1.0)])
+def test_host_time_per_pass_stays_bounded(mode, bound_ms):
+    """Regression guard on the loop's own cost, not a timing of its speed: the host time per
+    pass replaying a fixed long trace, against a bound ~15x what `ssr traces` measures here
+    (ssr ~0.3 ms, suffix / pld ~0.06, ar ~0.02 on real traces)."""
+    vocab = WordVocab()
+    prompt, cot, answer = reasoning(7, steps=150)
+    tokens = tokenize_trace(parse_trace({"prompt": prompt, "cot": cot, "answer": answer}, "fixed"), vocab)
+    replay_trace(tokens, mode, GPU, "cold")  # warm: imports, first allocations
+    row = replay_trace(tokens, mode, GPU, "cold")
+    assert row["identical"] and row["host"]["passes"] > 300
+    assert 1e3 * row["host"]["s"] / row["host"]["passes"] < bound_ms

@@ -33,6 +33,7 @@ import numpy as np
 
 from .config import GenerationConfig
 from .costs import CostModel
+from .branches import Branches
 from .draft import Draft, DraftChildren
 from .engines.base import Engine, shares_passes
 from .metrics import Metrics, StageClock
@@ -42,11 +43,11 @@ from .sampling import target_probs
 from .spans import MAX_BRANCHES, SpanPolicy, span_extension
 from .text import TextStream
 from .thinking import ThinkingFormat
-from .verify import Verdict, common_prefix, verify_greedy, verify_sampled, verify_tree_sampled
+from .verify import Verdict, verify_greedy, verify_sampled
 from .walk import Chunk, Walk
 
 
-class Generation(DraftChildren, Walk):
+class Generation(Branches, DraftChildren, Walk):
     """Iterate for chunks as they are decoded; `result` is set when iteration ends."""
 
     def __init__(self, engine: Engine, fmt: ThinkingFormat, config: GenerationConfig,
@@ -308,70 +309,6 @@ class Generation(DraftChildren, Walk):
             free = self.engine.max_sequences - getattr(self.engine, "live_sequences", lambda: len(self._live))()
             return spans.choose_many(found, min(self.branches, 1 + max(0, free)))
         return found[:1]
-
-    def _verify_candidates(self, pending: int, proposals: list[tuple[str, list[int]]], child: Draft | None = None,
-                           clock: StageClock | None = None, thinking: bool = False) -> tuple[int, list[Verdict]]:
-        """Score every candidate span in one pass (a living child's step beside them), verify each
-        (thinking: under the CoT's banned tokens) and keep the winning branch as the parent:
-        (the winner's index, every candidate's verdict)."""
-        scored = self._score_candidates(pending, [span for _, span in proposals], child, clock, thinking)
-        for rows in scored if thinking else ():  # [k_i + 1, vocab] each (ids: masked by the engine)
-            if rows.ndim == 2:
-                rows[:, self.banned_ids] = -np.inf
-        if self.config.sampling.greedy or len(proposals) == 1:
-            verdicts = [self._verdict(span, rows) for (_, span), rows in zip(proposals, scored)]
-            return self._keep_branch(verdicts), verdicts
-        spans = [span for _, span in proposals]  # sampling: one walk down the candidates' token tree
-        won, verdict = verify_tree_sampled(spans, [target_probs(rows, self.config.sampling) for rows in scored],
-                                           self.rng)
-        emitted = spans[won][: verdict.num_accepted] + [verdict.next_token]
-        verdicts = [verdict if i == won else Verdict(common_prefix(span, emitted), verdict.next_token, True)
-                    for i, span in enumerate(spans)]  # what each candidate alone got right, for its statistics
-        self._keep_branch(verdicts, won)
-        return won, verdicts
-
-    def _score_candidates(self, pending: int, spans: list[list[int]], child: Draft | None = None,
-                          clock: StageClock | None = None, thinking: bool = False) -> list[np.ndarray]:
-        """[pending] + each span scored in one forward pass -> rows [k_i + 1, vocab] (or token ids
-        [k_i + 1]) per span: the
-        first span on the parent, each other on a fresh fork of it (a branch); a living child
-        takes its next step in the same pass (engine.score_batch)."""
-        if len(spans) == 1 and child is None:
-            return [self._score(self.parent, [pending] + spans[0], thinking=thinking).copy()]
-        self._forks = [self._own(self.engine.fork(self.parent)) for _ in spans[1:]]
-        feeds = [(seq, [pending] + span) for seq, span in zip([self.parent] + self._forks, spans)]
-        if child is not None:
-            feeds.append((child.seq, child.token_ids[-1:]))
-        rows = [each.copy() for each in self.engine.score_batch(feeds, **self._want(thinking))]
-        if child is not None:
-            self.metrics.shared_passes += 1
-            child.written += 1
-            self._grow_draft(child, rows[-1][0], clock)
-        return rows[: len(spans)]
-
-    def _keep_branch(self, verdicts: list[Verdict], won: int | None = None) -> int:
-        """The candidate that accepted most (the first of equals), or `won`; its sequence becomes
-        the parent's, the other branches are released."""
-        if won is None:
-            won = max(range(len(verdicts)), key=lambda i: (verdicts[i].num_accepted, -i))
-        held = [self.parent] + self._forks
-        for i, seq in enumerate(held):
-            if i != won:
-                self._drop(seq)
-        self.parent, self._forks = held[won], []
-        if len(verdicts) > 1:
-            self.metrics.branch_passes += 1
-            self.metrics.branch_wins += won > 0
-        return won
-
-    @staticmethod
-    def _verified(proposals: list[tuple[str, list[int]]], verdicts: list[Verdict]) -> list[tuple[str, int, int]]:
-        return [(source, len(span), verdict.num_accepted) for (source, span), verdict in zip(proposals, verdicts)]
-
-    @staticmethod
-    def _branch_event(proposals: list[tuple[str, list[int]]], won: int) -> dict:
-        """Trace fields of a pass that verified several candidates: how many, which won."""
-        return {"candidates": len(proposals), "won": won} if len(proposals) > 1 else {}
 
     # -- helpers ------------------------------------------------------------------------
 

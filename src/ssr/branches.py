@@ -1,0 +1,83 @@
+"""Several candidate spans verified in one forward pass, each on its own fork of the parent
+(engines that feed several sequences per pass, where verifying costs about a step), for
+decode.Generation: score every candidate (a living draft child's step in the same pass), verify
+each — greedy: the branch that accepts most becomes the parent; sampling: the candidates as one
+token tree (verify_tree_sampled, exact) — and release the other branches. Needs the
+generation's engine, parent, config, metrics, rng, banned_ids and its _score, _verdict, _want,
+_grow_draft, _own and _drop."""
+from __future__ import annotations
+
+import numpy as np
+
+from .draft import Draft
+from .metrics import StageClock
+from .sampling import target_probs
+from .verify import Verdict, common_prefix, verify_tree_sampled
+
+
+class Branches:
+    _forks: list[int]  # the branches of the pass under way (candidates 2.. on forks of the parent)
+
+    def _verify_candidates(self, pending: int, proposals: list[tuple[str, list[int]]], child: Draft | None = None,
+                           clock: StageClock | None = None, thinking: bool = False) -> tuple[int, list[Verdict]]:
+        """Score every candidate span in one pass (a living child's step beside them), verify each
+        (thinking: under the CoT's banned tokens) and keep the winning branch as the parent:
+        (the winner's index, every candidate's verdict)."""
+        scored = self._score_candidates(pending, [span for _, span in proposals], child, clock, thinking)
+        for rows in scored if thinking else ():  # [k_i + 1, vocab] each (ids: masked by the engine)
+            if rows.ndim == 2:
+                rows[:, self.banned_ids] = -np.inf
+        if self.config.sampling.greedy or len(proposals) == 1:
+            verdicts = [self._verdict(span, rows) for (_, span), rows in zip(proposals, scored)]
+            return self._keep_branch(verdicts), verdicts
+        spans = [span for _, span in proposals]  # sampling: one walk down the candidates' token tree
+        won, verdict = verify_tree_sampled(spans, [target_probs(rows, self.config.sampling) for rows in scored],
+                                           self.rng)
+        emitted = spans[won][: verdict.num_accepted] + [verdict.next_token]
+        verdicts = [verdict if i == won else Verdict(common_prefix(span, emitted), verdict.next_token, True)
+                    for i, span in enumerate(spans)]  # what each candidate alone got right, for its statistics
+        self._keep_branch(verdicts, won)
+        return won, verdicts
+
+    def _score_candidates(self, pending: int, spans: list[list[int]], child: Draft | None = None,
+                          clock: StageClock | None = None, thinking: bool = False) -> list[np.ndarray]:
+        """[pending] + each span scored in one forward pass -> rows [k_i + 1, vocab] (or token ids
+        [k_i + 1]) per span: the
+        first span on the parent, each other on a fresh fork of it (a branch); a living child
+        takes its next step in the same pass (engine.score_batch)."""
+        if len(spans) == 1 and child is None:
+            return [self._score(self.parent, [pending] + spans[0], thinking=thinking).copy()]
+        self._forks = [self._own(self.engine.fork(self.parent)) for _ in spans[1:]]
+        feeds = [(seq, [pending] + span) for seq, span in zip([self.parent] + self._forks, spans)]
+        if child is not None:
+            feeds.append((child.seq, child.token_ids[-1:]))
+        rows = [each.copy() for each in self.engine.score_batch(feeds, **self._want(thinking))]
+        if child is not None:
+            self.metrics.shared_passes += 1
+            child.written += 1
+            self._grow_draft(child, rows[-1][0], clock)
+        return rows[: len(spans)]
+
+    def _keep_branch(self, verdicts: list[Verdict], won: int | None = None) -> int:
+        """The candidate that accepted most (the first of equals), or `won`; its sequence becomes
+        the parent's, the other branches are released."""
+        if won is None:
+            won = max(range(len(verdicts)), key=lambda i: (verdicts[i].num_accepted, -i))
+        held = [self.parent] + self._forks
+        for i, seq in enumerate(held):
+            if i != won:
+                self._drop(seq)
+        self.parent, self._forks = held[won], []
+        if len(verdicts) > 1:
+            self.metrics.branch_passes += 1
+            self.metrics.branch_wins += won > 0
+        return won
+
+    @staticmethod
+    def _verified(proposals: list[tuple[str, list[int]]], verdicts: list[Verdict]) -> list[tuple[str, int, int]]:
+        return [(source, len(span), verdict.num_accepted) for (source, span), verdict in zip(proposals, verdicts)]
+
+    @staticmethod
+    def _branch_event(proposals: list[tuple[str, list[int]]], won: int) -> dict:
+        """Trace fields of a pass that verified several candidates: how many, which won."""
+        return {"candidates": len(proposals), "won": won} if len(proposals) > 1 else {}
