@@ -151,6 +151,9 @@ def test_request_log_replays_in_every_mode(tmp_path):
 
     traces = load_traces([path])
     assert [t.cot for t in traces] == [line["reasoning"] for line in lines]
+    cut = tmp_path / "with-a-cancelled-one.jsonl"
+    cut.write_text(path.read_text() + json.dumps({**lines[0], "finish": "cancelled"}) + "\n")
+    assert len(load_traces([cut])) == 3  # a request that did not finish is not a trace
     rows = replay_all([tokenize_trace(t, Words()) for t in traces], TRACE_MODES, [CostSetting("gpu", gpu_preset())])
     assert len(rows) == 3 * len(TRACE_MODES) * 2 and all(row["identical"] for row in rows)
 

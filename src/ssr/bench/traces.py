@@ -8,7 +8,8 @@ One trace a line, in any of these shapes:
   {"request": {"model", "messages": [...]}, "response": {"model", "choices": [{"message":
   {"content", "reasoning_content"}}]}} (vLLM's and `ssr serve`'s reasoning field; "reasoning"
   is read too);
-- a served request: {"messages": [...], "reasoning", "answer", "model"}.
+- a served request: {"messages": [...], "reasoning", "answer", "model"} (`ssr serve
+  --log-requests`; requests that did not finish — cancelled, timed out — are skipped).
 
 Prompts are rendered as ChatML (the Qwen family's format: `<|im_start|>role ... <|im_end|>`,
 the assistant turn opened with `<think>`); the CoT ends with one end-of-thinking token (as
@@ -67,6 +68,8 @@ def read_traces(path: Path) -> Iterator[TextTrace]:
                     continue
                 try:
                     trace = parse_trace(json.loads(line), set_name(path))
+                    if trace is None:  # a served request that did not finish
+                        continue
                 except (json.JSONDecodeError, ValueError, TypeError, AttributeError, KeyError) as error:
                     raise ConfigError(f"{path}:{number}: not a trace ({_reason(error)}); see `ssr traces --help` "
                                       f"for the shapes it reads") from error
@@ -84,8 +87,9 @@ def _reason(error: Exception) -> str:
     return f"missing field {error}" if isinstance(error, KeyError) else str(error).split("\n")[0][:120]
 
 
-def parse_trace(data: dict, set_name: str) -> TextTrace:
-    """One JSON object in any of the shapes the module docstring lists."""
+def parse_trace(data: dict, set_name: str) -> TextTrace | None:
+    """One JSON object in any of the shapes the module docstring lists; None for a served
+    request that did not finish (cancelled, timed out, failed: its text is cut)."""
     if not isinstance(data, dict):
         raise ValueError("a line must hold a JSON object")
     if "request" in data and "response" in data:  # a chat-completions pair
@@ -96,6 +100,8 @@ def parse_trace(data: dict, set_name: str) -> TextTrace:
         item = str(data.get("id") or response.get("id") or "")
         return TextTrace(set_name, _short(model), item, _messages(request["messages"]), cot, message.get("content") or "")
     if "messages" in data:  # a served request's log line
+        if data.get("finish", "stop") not in ("stop", "length"):
+            return None
         return TextTrace(set_name, _short(data.get("model") or "unknown"), str(data.get("id", "")),
                          _messages(data["messages"]), data.get("reasoning") or "", data.get("answer") or "")
     item = "/".join(str(data[key]) for key in ("task_id", "setting", "run") if data.get(key) is not None)
