@@ -1,0 +1,68 @@
+"""The parsers of `ssr simulate` and `ssr traces` (the replays), kept apart from cli.py."""
+from __future__ import annotations
+
+from ..models import DEFAULT_MODEL
+
+
+def add_replay_commands(commands) -> None:
+    """`simulate` (bench rows under a cost model) and `traces` (text traces in every mode)."""
+    sim = commands.add_parser("simulate", help="replay bench traces under a cost model; projected ratios to ar")
+    sim.add_argument("--traces", nargs="+", required=True, help="bench folders or JSONL files")
+    sim.add_argument("--cost-model", default="gpu",
+                     help="a JSON from ssr calibrate, the preset 'gpu', or gpu:MS (the preset with an MS-millisecond step)")
+    sim.add_argument("--spans", default="policy", choices=("policy", "recorded"),
+                     help="policy: re-decide spans under the cost model (projection); recorded: the run's own "
+                          "spans (checks the cost model against measured seconds)")
+    sim.add_argument("--anchor-ar", action="store_true",
+                     help="scale each item's modelled seconds so its ar run matches the measured one (removes "
+                          "machine-speed drift between calibration and bench; checks the modes' differences)")
+    sim.add_argument("--project-modes", default="",
+                     help="comma-separated modes to replay from each item's ar row where the bench ran no row of "
+                          "them (items run in ar only: long prompts); projected rows have no measured seconds and "
+                          "no draft")
+    sim.add_argument("--drafts", default="recorded", choices=("recorded", "planned"),
+                     help="recorded: the runs' own drafting; planned: drafting re-planned under the cost model, "
+                          "its drafts read from the rows (planned_drafts) or written by --record-drafts")
+    sim.add_argument("--record-drafts", default=None, metavar="MODEL",
+                     help="write the planned drafts the rows lack with this model (registry name or .gguf; "
+                          "llama.cpp, greedy, untimed); implies --drafts planned")
+    sim.add_argument("--context-size", type=int, default=8192,
+                     help="with --record-drafts: KV cache tokens (default 8192)")
+    sim.add_argument("--save-traces", default=None, metavar="JSONL",
+                     help="write the rows (with the planned drafts) to this file")
+    sim.add_argument("--host", default="off",
+                     help="the loop's host time on the modelled clock: off (default), measured (this machine's), "
+                          "or milliseconds per pass")
+    sim.add_argument("--json", action="store_true", help="print the table as JSON")
+    sim.add_argument("--markdown", action="store_true", help="print the table as markdown")
+
+    traces = commands.add_parser(
+        "traces", help="replay what reasoning models wrote (trace files, chat-completions logs) in every mode",
+        description="Replay text traces through the real decoding loop in every mode, under a cost model, and "
+                    "print each mode's latency ratio to ar. Reads JSONL (gzip or not), one trace a line: "
+                    '{"prompt", "cot", "answer", "model", "task_id"}; an OpenAI chat-completions pair '
+                    '{"request": {"messages": [...]}, "response": {"choices": [{"message": {"content", '
+                    '"reasoning_content"}}]}}; or a served request {"messages", "reasoning", "answer", "model"}.')
+    traces.add_argument("files", nargs="+", help="trace files or logs (.jsonl, .jsonl.gz)")
+    traces.add_argument("--modes", default="ar,ssr,paper,suffix,ngram,pld",
+                        help="comma-separated, from ar, ssr, paper (the CoT decoded plainly), suffix, ngram, pld")
+    traces.add_argument("--orders", default="cold,deployment",
+                        help="cold (each trace alone) and/or deployment (file order, earlier responses cached)")
+    traces.add_argument("--cost-model", default="gpu",
+                        help="comma-separated: the preset 'gpu', gpu:MS (its step MS milliseconds) and/or JSON files "
+                             "from ssr calibrate (default gpu)")
+    traces.add_argument("--tokenizer", default=DEFAULT_MODEL,
+                        help=f"registry model or .gguf (its vocabulary), a tokenizer.json or a folder with one "
+                             f"(default {DEFAULT_MODEL}: Qwen2's BPE, shared by Qwen3, QwQ and R1-Distill-Qwen)")
+    traces.add_argument("--limit", type=int, default=None, help="traces per (set, model) group, the first in file order")
+    traces.add_argument("--tasks", type=int, default=None,
+                        help="per group, every trace of the first N tasks (their prompt variants and runs too)")
+    traces.add_argument("--group", action="append", dest="groups", default=None,
+                        help="only groups ('set / model') holding this text; repeatable")
+    traces.add_argument("--host", default="off",
+                        help="the loop's host time on the modelled clock: off (measured beside it, default), "
+                             "measured, or milliseconds per pass")
+    traces.add_argument("--step-ms", type=float, default=6.0,
+                        help="the step time for the ratio with host time added (default 6: an 8B model on an H200)")
+    traces.add_argument("--out", default="results/traces", help="folder for rows.jsonl and report.md")
+    traces.add_argument("--markdown", action="store_true", help="print the tables as markdown")
