@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from .config import SuffixParams
-from .suffix_tree import SuffixTree
+from .suffix_tree import SuffixTree, match_bucket
 
 
 # the `suffix` peer: vLLM's suffix method with its defaults (suffix_decoding_max_tree_depth 24,
@@ -223,7 +223,6 @@ class SuffixProposer(_OneSource):
 
     source = "suffix"
     implementation = "ssr"
-    MATCH_BUCKETS = (4, 8, 16)  # a span's source names its match length: suffix/<4, /4-7, /8-15, /16+
 
     def __init__(self, params: SuffixParams, seeds: Sequence[Sequence[int]],
                  history: ResponseHistory | None = None, extend_prob: float | None = None) -> None:
@@ -252,7 +251,7 @@ class SuffixProposer(_OneSource):
         """One candidate, its source named by its match length (long matches are trusted more:
         a span policy measures each bucket apart)."""
         span, _, match_len = self._best(max_tokens)
-        bucket = sum(match_len >= edge for edge in self.MATCH_BUCKETS)
+        bucket = match_bucket(match_len)
         return [(f"{self.source}/{bucket}", span)] if span else []
 
     def _best(self, max_tokens: int) -> tuple[list[int], list[float], int]:

@@ -15,8 +15,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from .config import SuffixParams
+from .suffix_tree import match_bucket
 
-MATCH_BUCKETS = (4, 8, 16)  # a span's source names its match length: suffix/<4, /4-7, /8-15, /16+
 
 
 def native_tree(max_depth: int):
@@ -64,7 +64,7 @@ class NativeSuffixProposer:
         span, _, match_len = self._best(max_tokens)
         if not span:
             return []
-        bucket = sum(match_len >= edge for edge in MATCH_BUCKETS)
+        bucket = match_bucket(match_len)
         out = [(f"{self.source}/{bucket}", span)]
         for other in self._branches(max_tokens)[: self.alternatives]:
             if other[: len(span)] != span[: len(other)]:  # not a prefix of the best, nor extended by it

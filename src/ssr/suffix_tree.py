@@ -11,6 +11,14 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 
+MATCH_BUCKETS = (4, 8, 16)  # a span's source names its match length: suffix/<4, /4-7, /8-15, /16+
+
+
+def match_bucket(match_len: int) -> int:
+    """The bucket of a match length (MATCH_BUCKETS): span policies measure each apart."""
+    return sum(match_len >= edge for edge in MATCH_BUCKETS)
+
+
 class _Node:
     """A path of the trie. Most nodes have one child (a depth-limited trie of new text is
     chains), so the first child is kept inline and a dict made only for the others: a node
