@@ -45,6 +45,7 @@ BAD_INPUT = [
     (["frobnicate"], "invalid choice"),
     (["bench", "--engine", "llama.cpp,tensorrt"], "--engine: give engines from llama.cpp, transformers, vllm"),
     (["generate", "hi", "--tensor-parallel-size", "2"], "--tensor-parallel-size: options of --engine vllm"),
+    (["generate", "hi", "--eager"], "--eager: options of --engine vllm"),
     (["generate", "hi", "--engine", "vllm", "--tensor-parallel-size", "0"], "--tensor-parallel-size must be >= 1"),
     (["generate", "hi", "--engine", "vllm", "--gpu-memory-utilization", "1.5"], "--gpu-memory-utilization must be in"),
     (["generate", "hi", "--engine", "vllm", "--device", "cuda"], "--device is an option of --engine transformers"),

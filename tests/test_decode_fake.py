@@ -1,4 +1,5 @@
 """The decoding loop on the deterministic fake engine: identity, cleanup, budgets."""
+import time
 from collections import Counter
 
 import numpy as np
@@ -52,6 +53,39 @@ def test_stage_metrics_are_consistent():
     staged = sum(v for k, v in m.seconds.items() if k != "draft")
     assert staged == pytest.approx(m.total_s, rel=0.2, abs=0.01)
     assert result.answer.startswith("```python")
+
+
+class SlowEngine(FakeEngine):
+    """A fake engine whose every forward pass takes 3 ms of wall time."""
+
+    def step(self, *args, **kwargs):
+        time.sleep(0.003)
+        return super().step(*args, **kwargs)
+
+    def score(self, *args, **kwargs):
+        time.sleep(0.003)
+        return super().score(*args, **kwargs)
+
+
+@pytest.mark.parametrize("mode", ["ar", "ssr", "suffix"])
+def test_host_time_is_the_wall_time_outside_the_engine_and_the_reader(mode):
+    """metrics.host_s: the request's wall time less the engine's calls and the reader's pauses;
+    engine_passes counts every step and score pass."""
+    engine = SlowEngine()
+    config = GenerationConfig(mode=mode, thinking_budget=40, draft_at=15, draft_tokens=30, max_tokens=60,
+                              policy="fixed")
+    generation = Generation(engine, FMT, config, PROMPT)
+    start = time.perf_counter()
+    for _ in generation:
+        time.sleep(0.002)  # the reader's own work: not the loop's
+    wall = time.perf_counter() - start
+    m = generation.result.metrics
+    # steps, span passes, the draft's verify pass (the close's score pass without one), a
+    # child's first pass (its forced tokens); chunked verification may add a pass or two
+    passes = m.decode_steps + m.cot_passes + m.verify_passes + len(m.stages)
+    assert passes <= m.engine_passes <= passes + 3
+    assert 0 < m.host_s < wall - 0.003 * m.engine_passes - 0.002 * m.answer_tokens * 0.5
+    assert m.host_ms_per_pass == pytest.approx(1e3 * m.host_s / m.engine_passes)
 
 
 @pytest.mark.parametrize("max_tokens", [1, 2, 5, 17])

@@ -167,3 +167,17 @@ def test_a_one_token_end_marker_stops_the_cot_as_a_stop_token():
     assert two_tokens.opened[0][2].stop == ["||"] and ord("|") not in two_tokens.opened[0][2].stop_token_ids
     assert got.metrics.cot_end in ("natural", "budget") and got.cot_ids == \
         VllmGeneration(FakeRequestsEngine(), one_token, replace(config, mode="ar"), PROMPT).run().cot_ids
+
+
+@pytest.mark.parametrize("mode", ["ar", "ssr"])
+def test_host_time_on_requests_leaves_out_the_waits_for_outputs(mode):
+    """metrics.host_s on the request path: wall time less the time blocked on vLLM's outputs;
+    engine_passes: the outputs read (one engine step each here)."""
+    import time
+
+    start = time.perf_counter()
+    got, _ = run(mode)
+    wall = time.perf_counter() - start
+    m = got.metrics
+    assert m.engine_passes >= m.cot_tokens + m.answer_tokens - (m.accepted_prefix_tokens + 1) * (mode == "ssr")
+    assert 0 < m.host_s < wall

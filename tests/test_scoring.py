@@ -8,6 +8,8 @@ import pytest
 from ssr.bench.scoring import code_block, score
 from ssr.bench.suites import load_suite
 
+pytestmark = pytest.mark.shared_data  # runs from a clone too, with no ../shared beside it
+
 COUNTDOWN = {"item": {"nums": [44, 48, 35, 6], "target": 25}}
 TOM = {"reference_output": "Carol's belief:\n- Step 0: {a: b}\n- Step 1: {a: c}\n- Step 2: {a: c}"}
 TSV = {"item": {"gt": "name\tprice\nPhone A\t€ 5,00\nThe Phone B\t€ 7,00", "tsv_header": "name\tprice"}}

@@ -18,6 +18,8 @@ from ssr.cli import main
 from ssr.config import ConfigError
 from ssr.costs import gpu_preset
 
+pytestmark = pytest.mark.shared_data  # runs from a clone too, with no ../shared beside it
+
 SHARED_TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
 GPU = CostSetting("gpu", gpu_preset())
 

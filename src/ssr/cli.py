@@ -124,6 +124,9 @@ def add_model_arguments(parser: argparse.ArgumentParser, several_engines: bool =
     vllm.add_argument("--max-logprobs", type=int, default=20,
                       help="logprobs per row vLLM may return (default 20): sampled SSR verifies exactly when top_k is "
                            "at most this; -1 returns whole vocabularies (exact for any top_k, slower)")
+    vllm.add_argument("--eager", action="store_true",
+                      help="run the model as plain PyTorch, no torch.compile nor CUDA graphs: loads in about a "
+                           "minute on a CPU instead of several, decodes slower (vLLM's --enforce-eager -O0)")
     parser.add_argument("--template", default="auto", choices=TEMPLATE_CHOICES,
                         help="thinking format: auto (model's own markers, else code), code, cpp, trace (answers in "
                              "a line format shown by examples) or plain")
@@ -196,7 +199,7 @@ def load_model(args: argparse.Namespace):
 
 VLLM_DEFAULTS = {"tensor_parallel_size": 1, "pipeline_parallel_size": 1, "gpu_memory_utilization": None,
                  "no_prefix_caching": False, "distributed_executor_backend": None, "speculative_method": None,
-                 "num_speculative_tokens": None, "max_logprobs": 20}  # the vllm engine's flags, unset
+                 "num_speculative_tokens": None, "max_logprobs": 20, "eager": False}  # the vllm engine's flags, unset
 
 
 def vllm_options(args: argparse.Namespace, only_changed: bool = False) -> dict:
@@ -218,7 +221,7 @@ def vllm_options(args: argparse.Namespace, only_changed: bool = False) -> dict:
             "gpu_memory_utilization": args.gpu_memory_utilization, "enable_prefix_caching": not args.no_prefix_caching,
             "distributed_executor_backend": args.distributed_executor_backend, "dtype": args.dtype,
             "speculative_method": args.speculative_method, "num_speculative_tokens": args.num_speculative_tokens,
-            "max_logprobs": args.max_logprobs}
+            "max_logprobs": args.max_logprobs, "eager": args.eager}
 
 
 def read_prompt(args: argparse.Namespace) -> str:

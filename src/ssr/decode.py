@@ -35,7 +35,7 @@ from .config import GenerationConfig
 from .costs import CostModel
 from .branches import Branches
 from .draft import Draft, DraftChildren
-from .engines.base import Engine, shares_passes
+from .engines.base import Engine, PassTimer, shares_passes
 from .metrics import Metrics, StageClock
 from .policy import Plan, PolicyStats, plan_request
 from .proposers import Proposer, ResponseHistory, request_proposer
@@ -55,7 +55,7 @@ class Generation(Branches, DraftChildren, Walk):
                  costs: CostModel | None = None, stats: PolicyStats | None = None,
                  proposer: Proposer | None = None, plan: Plan | None = None,
                  history: ResponseHistory | None = None) -> None:
-        super().__init__(engine, fmt, config, prompt_ids, stats)
+        super().__init__(PassTimer(engine), fmt, config, prompt_ids, stats)  # timed: host_s is the rest
         self.history = history  # earlier responses: suffix trees copy from them; this one joins at the end
         self._proposer = proposer  # spans from this proposer instead of the mode's (`ssr simulate --spans recorded`)
         self.banned_ids = np.asarray(sorted(banned_ids), dtype=np.int64)  # -inf while thinking
@@ -311,6 +311,9 @@ class Generation(Branches, DraftChildren, Walk):
         return found[:1]
 
     # -- helpers ------------------------------------------------------------------------
+
+    def _engine_time(self) -> tuple[float, int]:
+        return self.engine.seconds, self.engine.passes
 
     def _want(self, thinking: bool) -> dict:
         """What to ask the engine for: token ids (greedy, on engines that argmax where the logits

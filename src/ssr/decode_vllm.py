@@ -313,6 +313,10 @@ class VllmGeneration(Walk):
 
     # -- helpers ------------------------------------------------------------------------
 
+    def _engine_time(self) -> tuple[float, int]:
+        """Blocked on vLLM's outputs; passes: the outputs read (an engine step each, or more)."""
+        return sum(r.waited_s for r in self._open), sum(r.read for r in self._open)
+
     def _speculation(self, phase: str, request: Request, start: int, used: int) -> None:
         """What vLLM's own speculative method accepted in the CoT or answer request."""
         method = getattr(self.engine, "speculative_method", None)

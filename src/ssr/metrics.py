@@ -42,6 +42,14 @@ class Metrics:
     policy: dict = field(default_factory=dict)  # the drafting plan and why (policy.Plan.as_dict)
     first_answer_token_s: float = 0.0  # from request start to the first answer token
     total_s: float = 0.0
+    # the loop's own host time: the request's wall seconds less those inside the engine (its
+    # calls; vLLM: waiting on outputs) and those the reader took between chunks
+    host_s: float = 0.0
+    engine_passes: int = 0  # forward passes (vLLM: outputs read, about one engine step each)
+
+    @property
+    def host_ms_per_pass(self) -> float:
+        return 1e3 * self.host_s / max(1, self.engine_passes)
 
     def as_dict(self) -> dict:
         return asdict(self)

@@ -30,7 +30,7 @@ SEED_NGRAM = 4  # answer tokens count as found in the draft when this n-gram end
 @dataclass
 class PolicyStats:
     """What earlier requests showed; the priors stand for one typical request (qwen2.5-coder
-    on ClassEval, docs/results-issue3.md) and weigh as much as one observed request."""
+    on ClassEval, docs/paper-evaluation.md) and weigh as much as one observed request."""
 
     cot_tokens: list[int] = field(default_factory=list)  # CoT length of each request
     answer_tokens: list[int] = field(default_factory=list)  # answer length of each request

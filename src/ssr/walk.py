@@ -3,6 +3,7 @@ vLLM requests): the chunks they stream, the result they leave, iteration and com
 answer tokens."""
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -81,7 +82,19 @@ class Walk:
                                getattr(self, "costs", None))
 
     def __iter__(self) -> Iterator[Chunk]:
-        return self._run()
+        """The chunks of `_run`; when it has ended, metrics.host_s holds the loop's own wall time
+        (the request's, less the engine's, `_engine_time`, and the reader's between chunks)."""
+        start, away = time.perf_counter(), 0.0
+        for chunk in self._run():
+            left = time.perf_counter()
+            yield chunk
+            away += time.perf_counter() - left
+        engine_s, self.metrics.engine_passes = self._engine_time()
+        self.metrics.host_s = max(0.0, time.perf_counter() - start - away - engine_s)
+
+    def _engine_time(self) -> tuple[float, int]:
+        """(wall seconds inside the engine, forward passes) of this walk so far."""
+        raise NotImplementedError
 
     def run(self) -> Result:
         for _ in self:

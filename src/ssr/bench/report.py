@@ -116,8 +116,18 @@ def summarise(rows: list[dict]) -> list[dict]:
             "mean_answer_tokens": statistics.mean(m["answer_tokens"] for m in metrics),
             "quality": statistics.mean(scored) if scored else None,
             "identical": sum(bool(r["identical"]) for r in group),
+            "host_ms_per_pass": _host_ms_per_pass(metrics),
         })
     return sorted(table, key=lambda t: (t["suite"], _mode_rank(t["mode"])))
+
+
+def _host_ms_per_pass(metrics: list[dict]) -> float | None:
+    """The loop's own host milliseconds per forward pass over the group (metrics.host_s; rows
+    written before it was measured have none)."""
+    timed = [m for m in metrics if m.get("engine_passes")]
+    if not timed:
+        return None
+    return 1e3 * sum(m["host_s"] for m in timed) / sum(m["engine_passes"] for m in timed)
 
 
 def _median(values: list[float]) -> float | None:
@@ -135,7 +145,8 @@ def _fmt(value: float | None, digits: int = 2) -> str:
 def format_table(table: list[dict], markdown: bool = False) -> str:
     """Plain text for the terminal, or a markdown table."""
     columns = ["suite", "mode", "runs", "median s", "1st answer s", "ratio to ar (95% CI)", "cot ratio",
-               "answer ratio", "cot acc", "prefix acc", "suffix acc", "answer tok", "quality", "identical"]
+               "answer ratio", "cot acc", "prefix acc", "suffix acc", "answer tok", "host ms/pass", "quality",
+               "identical"]
     lines = []
     for t in table:
         ci = t["ratio_ci"]
@@ -144,7 +155,8 @@ def format_table(table: list[dict], markdown: bool = False) -> str:
         lines.append([t["suite"], t["mode"], str(t["runs"]), _fmt(t["median_s"]), _fmt(t["median_first_answer_s"]),
                       ratio, _fmt(t["stage_ratio"]["cot"], 3), _fmt(t["stage_ratio"]["answer"], 3),
                       _fmt(t["mean_cot_accepted"], 1), _fmt(t["mean_accepted_prefix"], 1), _fmt(t["mean_suffix_accepted"], 1),
-                      _fmt(t["mean_answer_tokens"], 1), _fmt(t["quality"]), f"{t['identical']}/{t['runs']}"])
+                      _fmt(t["mean_answer_tokens"], 1), _fmt(t.get("host_ms_per_pass"), 3), _fmt(t["quality"]),
+                      f"{t['identical']}/{t['runs']}"])
     return render_table(columns, lines, markdown)
 
 

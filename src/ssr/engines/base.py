@@ -6,6 +6,7 @@ tokens returns one row of logits per fed token, the row predicting what follows.
 """
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import Protocol
 
@@ -59,6 +60,36 @@ class Engine(Protocol):
     # optional: engines that can feed several sequences k tokens each in one forward pass
     # def score_batch(self, feeds: Sequence[tuple[int, Sequence[int]]]) -> list[np.ndarray]:
     #     """Feed each (seq, tokens) in one pass -> logits [len(tokens), vocab] per feed."""
+
+
+class PassTimer:
+    """An engine seen through a stopwatch: the wall seconds spent inside its calls (passes,
+    prefill, forks, KV edits), so that the rest of a request's wall time is the loop's own host
+    time. Every attribute is the engine's; `score_batch` exists where the engine has it."""
+
+    TIMED = frozenset({"prefill", "step", "score", "score_batch", "fork", "truncate", "release"})
+    PASSES = frozenset({"step", "score", "score_batch"})  # forward passes that return rows or ids
+
+    def __init__(self, engine) -> None:
+        self.engine = engine  # the adapter timed
+        self.seconds = 0.0  # wall seconds inside timed calls
+        self.passes = 0  # forward passes (prefill not counted: it returns nothing)
+        for name in self.TIMED:  # bound once: the loop calls them every pass
+            if callable(getattr(engine, name, None)):
+                setattr(self, name, self._timed(getattr(engine, name), name in self.PASSES))
+
+    def __getattr__(self, name: str):  # everything not timed is the engine's own
+        return getattr(self.engine, name)
+
+    def _timed(self, call, is_pass: bool):
+        def timed(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return call(*args, **kwargs)
+            finally:
+                self.seconds += time.perf_counter() - start
+                self.passes += is_pass
+        return timed
 
 
 def shares_passes(engine) -> bool:

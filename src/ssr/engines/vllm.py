@@ -20,6 +20,7 @@ import os
 import queue
 import sys
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -40,6 +41,8 @@ class Request:
         self.steps: list[int] = []  # new tokens per output: one engine step each, unless vLLM merged
         #                             outputs a slow reader had not taken yet
         self.finished = threading.Event()
+        self.waited_s = 0.0  # wall seconds the reader spent blocked on this request's outputs
+        self.read = 0  # outputs the reader took (about one engine step each)
 
     @property
     def speculation(self):
@@ -57,16 +60,22 @@ class Request:
     def stream(self) -> Iterator:
         """Blocking iterator over the outputs (cumulative) until the request ends."""
         while True:
+            start = time.perf_counter()
             item = self.outputs.get()
+            self.waited_s += time.perf_counter() - start
             if item is _DONE:
                 return
             if isinstance(item, BaseException):
                 raise EngineError(f"vLLM request {self.request_id} failed: {item}") from item
+            self.read += 1
             yield item
 
     def result(self, timeout: float | None = 600.0):
         """The final output (waits for the end)."""
-        if not self.finished.wait(timeout):
+        start = time.perf_counter()
+        finished = self.finished.wait(timeout)
+        self.waited_s += time.perf_counter() - start
+        if not finished:
             raise EngineError(f"vLLM request {self.request_id} did not finish in {timeout} s")
         for _ in self.stream():  # drain; raises the request's error, if any
             pass
@@ -87,7 +96,8 @@ class VllmEngine:
                  gpu_memory_utilization: float | None = None, enable_prefix_caching: bool = True,
                  distributed_executor_backend: str | None = None, dtype: str | None = None,
                  speculative_method: str | None = None, num_speculative_tokens: int | None = None,
-                 verify_reads_cache: bool = True, max_logprobs: int = 20, verbose: bool = False) -> None:
+                 verify_reads_cache: bool = True, max_logprobs: int = 20, eager: bool = False,
+                 verbose: bool = False) -> None:
         if threads is not None:
             raise EngineError("--threads is not an option of --engine vllm (vLLM sets its own; on CPUs "
                               "VLLM_CPU_OMP_THREADS_BIND chooses the cores)")
@@ -117,6 +127,8 @@ class VllmEngine:
             enable_prefix_caching=enable_prefix_caching, distributed_executor_backend=distributed_executor_backend,
             dtype=dtype or ("float32" if self.on_cpu else "auto"), speculative_config=speculative,
             max_logprobs=max_logprobs, disable_log_stats=True,
+            # eager: plain PyTorch, no torch.compile nor CUDA graphs (starts in seconds, steps slower)
+            **({"enforce_eager": True, "compilation_config": {"mode": 0}} if eager else {}),
             per_request_spec_decode_metrics="detailed" if speculative_method else "none",
             worker_extension_cls=f"{__name__}.SuffixCacheWorker" if speculative_method == "suffix" else "")
         self._loop = asyncio.new_event_loop()
