@@ -172,7 +172,7 @@ def test_a_one_token_end_marker_stops_the_cot_as_a_stop_token():
 @pytest.mark.parametrize("mode", ["ar", "ssr"])
 def test_host_time_on_requests_leaves_out_the_waits_for_outputs(mode):
     """metrics.host_s on the request path: wall time less the time blocked on vLLM's outputs;
-    engine_passes: the outputs read (one engine step each here)."""
+    engine_passes: the requests' outputs (one engine step each)."""
     import time
 
     start = time.perf_counter()

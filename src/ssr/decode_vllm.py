@@ -314,8 +314,8 @@ class VllmGeneration(Walk):
     # -- helpers ------------------------------------------------------------------------
 
     def _engine_time(self) -> tuple[float, int]:
-        """Blocked on vLLM's outputs; passes: the outputs read (an engine step each, or more)."""
-        return sum(r.waited_s for r in self._open), sum(r.read for r in self._open)
+        """Blocked on vLLM's outputs; passes: the outputs vLLM produced (an engine step each)."""
+        return sum(r.waited_s for r in self._open), sum(len(r.steps) for r in self._open)
 
     def _speculation(self, phase: str, request: Request, start: int, used: int) -> None:
         """What vLLM's own speculative method accepted in the CoT or answer request."""

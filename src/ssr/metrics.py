@@ -45,7 +45,7 @@ class Metrics:
     # the loop's own host time: the request's wall seconds less those inside the engine (its
     # calls; vLLM: waiting on outputs) and those the reader took between chunks
     host_s: float = 0.0
-    engine_passes: int = 0  # forward passes (vLLM: outputs read, about one engine step each)
+    engine_passes: int = 0  # forward passes (vLLM: the requests' outputs, one engine step each)
 
     @property
     def host_ms_per_pass(self) -> float:

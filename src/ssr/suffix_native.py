@@ -18,7 +18,6 @@ from .config import SuffixParams
 from .suffix_tree import match_bucket
 
 
-
 def native_tree(max_depth: int):
     """A C++ suffix tree (ImportError without arctic-inference)."""
     from arctic_inference.suffix_decoding._C import SuffixTree

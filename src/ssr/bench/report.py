@@ -155,7 +155,7 @@ def format_table(table: list[dict], markdown: bool = False) -> str:
         lines.append([t["suite"], t["mode"], str(t["runs"]), _fmt(t["median_s"]), _fmt(t["median_first_answer_s"]),
                       ratio, _fmt(t["stage_ratio"]["cot"], 3), _fmt(t["stage_ratio"]["answer"], 3),
                       _fmt(t["mean_cot_accepted"], 1), _fmt(t["mean_accepted_prefix"], 1), _fmt(t["mean_suffix_accepted"], 1),
-                      _fmt(t["mean_answer_tokens"], 1), _fmt(t.get("host_ms_per_pass"), 3), _fmt(t["quality"]),
+                      _fmt(t["mean_answer_tokens"], 1), _fmt(t["host_ms_per_pass"], 3), _fmt(t["quality"]),
                       f"{t['identical']}/{t['runs']}"])
     return render_table(columns, lines, markdown)
 

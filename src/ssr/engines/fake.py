@@ -175,6 +175,7 @@ class FakeRequestsEngine:
                                                               logprobs=None if sample_rows is None else
                                                               list(sample_rows))],
                                      prompt_logprobs=rows, num_cached_tokens=cached, finished=False)
+            request.steps.append(1)  # one new token per output, as the real adapter records them
             request.latest = output
             request.outputs.put(output)
             if token in params.stop_token_ids or any(stop in text for stop in params.stop or ()):

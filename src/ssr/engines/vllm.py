@@ -42,7 +42,6 @@ class Request:
         #                             outputs a slow reader had not taken yet
         self.finished = threading.Event()
         self.waited_s = 0.0  # wall seconds the reader spent blocked on this request's outputs
-        self.read = 0  # outputs the reader took (about one engine step each)
 
     @property
     def speculation(self):
@@ -67,7 +66,6 @@ class Request:
                 return
             if isinstance(item, BaseException):
                 raise EngineError(f"vLLM request {self.request_id} failed: {item}") from item
-            self.read += 1
             yield item
 
     def result(self, timeout: float | None = 600.0):
