@@ -233,7 +233,7 @@ def test_span_cut_follows_each_sources_measured_acceptance():
     from ssr.spans import SpanPolicy
 
     policy = SpanPolicy(CPU_LIKE)
-    assert len(policy.cut([1] * 20, "new")) > 0  # optimistic prior: a new source is tried
+    assert len(policy.cut([1] * 20, "new")) > 0  # a source naming no match: the optimistic prior, tried
     for _ in range(30):
         policy.observe(8, 0, source="bad")  # first token always rejected
         policy.observe(8, 8, source="good")
@@ -320,3 +320,34 @@ def test_requests_hand_their_span_acceptance_to_the_next():
     Generation(FakeEngine(), FORMATS["code"], GenerationConfig(mode="suffix", thinking_budget=40, max_tokens=60,
                                                                policy="fixed"), prompt, stats=plain).run()
     assert plain.spans == {}  # the peers cut nothing: nothing to learn
+
+
+PRIORS = [  # (source, its first-token prior): m / (m + 2) for m tokens matched
+    ("lookup/1", 1 / 3), ("recent/2", 2 / 4), ("lookup/3", 3 / 5),
+    ("suffix/0", 1 / 3), ("suffix/1", 4 / 6), ("suffix/2~", 8 / 10), ("suffix/3", 16 / 18),
+    ("suffix/9", 16 / 18),  # past the last bucket: its shortest match
+    ("suffix", 0.9), ("draft", 0.9), ("", 0.9), ("lookup/x", 0.9),  # no match named
+]
+
+
+@pytest.mark.parametrize("source,prior", PRIORS, ids=[p[0] or "unnamed" for p in PRIORS])
+def test_first_token_prior_follows_the_match_length(source, prior):
+    from ssr.spans import SpanPolicy, first_token_prior
+
+    assert first_token_prior(source) == pytest.approx(prior)
+    stats = SpanPolicy(CPU_LIKE).stats[source]  # a new source starts from its own prior
+    assert stats.prior_first == pytest.approx(prior) and stats.probs(1) == pytest.approx([prior])
+
+
+def test_short_matches_are_not_tried_on_the_prior_where_a_failed_token_costs_half_a_step():
+    """On CPU-like costs a 1-token lookup (prior 1/3) is not verified until a source shows it
+    pays, a 16+ token suffix match (prior 8/9) is; where a pass of k tokens costs a step
+    (GPUs) both are tried."""
+    from ssr.spans import SpanPolicy
+
+    half_step = CostModel(step_s=0.040, token_s=0.020)
+    assert SpanPolicy(half_step).cut([1] * 8, "lookup/1") == []
+    assert SpanPolicy(half_step).cut([1] * 8, "suffix/3") != []
+    assert SpanPolicy(GPU_LIKE).cut([1] * 8, "lookup/1") != []
+    carried = SpanPolicy(half_step, {"lookup/1": SpanPolicy(half_step).stats["lookup/1"]}).stats["lookup/1"]
+    assert carried.prior_first == pytest.approx(1 / 3)  # carried to the next request with its prior

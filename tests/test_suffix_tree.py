@@ -3,7 +3,7 @@ import random
 import numpy as np
 import pytest
 
-from ssr.proposers import PromptLookupProposer, SuffixProposer, vllm_ngram
+from ssr.proposers import LookupProposer, PromptLookupProposer, SuffixProposer, vllm_ngram
 from ssr.config import SuffixParams
 from ssr.suffix_tree import SuffixTree
 
@@ -182,3 +182,48 @@ def test_vllm_ngram_matches_brute_force(seed):
     peer = vllm_ngram(tokens[:3])
     peer.observe(tokens[3:])
     assert peer.propose(100)[0] == _prompt_lookup_oracle(tokens, 4, 5, min_ngram=4)
+
+
+def _lookup_oracle(tokens, max_ngram, num_tokens):
+    """ssr's lookup written plainly: the longest n <= max_ngram whose last n tokens occurred
+    before; the continuation after the earliest occurrence, then after the latest one before the
+    end (when it is another occurrence), after the one before that (when its next token is new),
+    then after the latest occurrence of the longest shorter n-gram whose next token is new."""
+    out = []
+    for size in range(min(max_ngram, len(tokens) - 1), 0, -1):
+        starts = [start for start in range(len(tokens) - size) if tokens[start:start + size] == tokens[-size:]]
+        if not starts:
+            continue
+        after = [tokens[start + size:start + size + num_tokens] for start in starts]
+        if not out:
+            out = [(f"lookup/{size}", after[0])]
+            if len(starts) > 1:
+                out.append((f"recent/{size}", after[-1]))
+            if len(starts) > 2 and all(span[0] != after[-2][0] for _, span in out):
+                out.append((f"recent/{size}", after[-2]))
+        elif all(span[0] != after[-1][0] for _, span in out):
+            return out + [(f"recent/{size}", after[-1])]
+    return out
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_lookup_matches_brute_force(seed):
+    rng = random.Random(seed)
+    tokens = [rng.randrange(5) for _ in range(rng.randrange(1, 12))]
+    proposer = LookupProposer(tokens, max_ngram=3, num_tokens=6)
+    for _ in range(40):
+        limit = rng.randrange(0, 9)
+        expected = [(source, span[:limit]) for source, span in _lookup_oracle(proposer.tokens, 3, 6)] if limit else []
+        assert proposer.candidates(limit) == expected
+        assert proposer.propose(limit)[0] == (expected[0][1] if expected else [])
+        proposer.observe([rng.randrange(5) for _ in range(rng.randrange(1, 3))])
+
+
+def test_lookup_offers_the_latest_occurrence_beside_the_earliest():
+    proposer = LookupProposer([1, 2, 3, 9, 1, 2, 4, 8, 2, 7], max_ngram=2, num_tokens=2)
+    proposer.observe([1, 2])
+    # "1 2" went on "3 9" first and "4 8" last; "2" alone last went on "7 1"
+    assert proposer.candidates(5) == [("lookup/2", [3, 9]), ("recent/2", [4, 8]), ("recent/1", [7, 1])]
+    proposer = LookupProposer([1, 2, 5, 1, 2, 6, 1, 2, 7, 1, 2], max_ngram=2, num_tokens=2)
+    # "1 2" went on "5" first, "7" last, "6" the time before; "2" alone last went on "7" too
+    assert proposer.candidates(5) == [("lookup/2", [5, 1]), ("recent/2", [7, 1]), ("recent/2", [6, 1])]

@@ -303,6 +303,69 @@ class PromptLookupProposer(_OneSource):
         return [], None
 
 
+class LookupProposer:
+    """ssr's n-gram lookup over prompt + output: the last n tokens (n = max_ngram down to 1)
+    matched at their earliest occurrence (prompt lookup's choice: text the prompt states) and at
+    their two latest ones before the context's end (what the CoT said the last times it reached
+    here: real CoTs restate their own recent lines), the tokens after each proposed; then the
+    latest occurrence of the longest shorter n-gram that goes another way. Candidates whose first
+    token an earlier one already offers are left out (the earliest and latest are kept: the
+    policy learns them apart). Each candidate's source names its occurrence and n ("lookup/3",
+    "recent/2"). O(max_ngram) per token and per proposal."""
+
+    def __init__(self, seed: Sequence[int], max_ngram: int = 3, num_tokens: int = 64) -> None:
+        self.max_ngram = max_ngram  # longest n-gram matched first
+        self.num_tokens = num_tokens  # tokens proposed after a match
+        self.tokens: list[int] = []  # everything the model has seen
+        self._first: dict[tuple[int, ...], int] = {}  # n-gram -> start of its earliest occurrence
+        self._latest: dict[tuple[int, ...], tuple[int, int | None]] = {}  # n-gram -> starts of its latest two
+        # [n]: starts of the latest two occurrences of the context's last n tokens before this one
+        self._before: list[tuple[int | None, int | None]] = [(None, None)] * (max_ngram + 1)
+        self.observe(seed)
+
+    def add_source(self, token_ids: Sequence[int]) -> None:
+        """Lookup reads the request's own tokens only."""
+
+    def observe(self, token_ids: Sequence[int]) -> None:
+        tokens, first, latest, before = self.tokens, self._first, self._latest, self._before
+        for token in token_ids:
+            tokens.append(token)
+            end = len(tokens)
+            for size in range(1, min(self.max_ngram, end) + 1):
+                gram = tuple(tokens[end - size:])
+                before[size] = seen = latest.get(gram, (None, None))
+                latest[gram] = (end - size, seen[0])
+                first.setdefault(gram, end - size)
+
+    def propose(self, max_tokens: int) -> tuple[list[int], list[float] | None]:
+        found = self.candidates(max_tokens)
+        return (found[0][1], None) if found else ([], None)
+
+    def candidates(self, max_tokens: int) -> list[tuple[str, list[int]]]:
+        limit = min(max_tokens, self.num_tokens)
+        tokens, end = self.tokens, len(self.tokens)
+        if limit <= 0:
+            return []
+        sizes = [size for size in range(min(self.max_ngram, end - 1), 0, -1) if self._before[size][0] is not None]
+        if not sizes:  # the last token occurs nowhere before
+            return []
+        size, after = sizes[0], lambda start, n: tokens[start + n: start + n + limit]
+        earliest, (latest, second) = self._first[tuple(tokens[end - size:])], self._before[size]
+        out = [(f"lookup/{size}", after(earliest, size))]
+        if latest != earliest:
+            out.append((f"recent/{size}", after(latest, size)))
+        offered = {span[0] for _, span in out}
+        if second is not None and second != earliest and (span := after(second, size))[0] not in offered:
+            out.append((f"recent/{size}", span))
+            offered.add(span[0])
+        for shorter in sizes[1:]:  # a shorter match whose latest occurrence goes another way
+            span = after(self._before[shorter][0], shorter)
+            if span[0] not in offered:
+                out.append((f"recent/{shorter}", span))
+                break
+        return out
+
+
 def vllm_ngram(prompt: Sequence[int]) -> PromptLookupProposer:
     """The `ngram` peer: vLLM's `ngram` method as vLLM's docs configure it,
     {"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_max": 4}; prompt_lookup_min
@@ -343,7 +406,7 @@ def request_proposer(config, extend_prob: float | None, prompt_ids: Sequence[int
         params = config.suffix
         return CompetingProposers({
             "suffix": ssr_suffix(params, prompt_ids, history, extend_prob, ALTERNATIVES if several else 0),
-            "lookup": PromptLookupProposer(prompt_ids, 3, params.max_span)})
+            "lookup": LookupProposer(prompt_ids, 3, params.max_span)})
     if kind == "suffix":
         return suffix_peer(prompt_ids, history)
     if kind == "pld":
