@@ -3,6 +3,7 @@ an engine whose costs are known (a fake engine that sleeps per call)."""
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from dataclasses import asdict
 
 import pytest
@@ -228,3 +229,21 @@ def test_host_time_on_the_simulator_clock():
         assert b["modelled_s"] > a["modelled_s"] and c["modelled_s"] >= a["modelled_s"]
         if row["mode"] == "ar":  # one pass per token: the figure once for each step and the closing pass
             assert b["modelled_s"] - a["modelled_s"] == pytest.approx(0.001 * (m["decode_steps"] + 1))
+
+
+def test_a_steep_context_slope_never_prices_a_short_context_call_at_nothing():
+    """A calibration taken on a busy machine can measure a context slope so steep that carried
+    below the measured context it would make steps, score passes and prefill free (and the
+    replay's ratios divide by zero); costs there keep a share of the measured cost instead."""
+    from ssr.costs import MIN_CONTEXT_SHARE, Costs, load_costs
+
+    steep = Costs(step_s={1: 0.02, 2: 0.03}, score_s={8: 0.05, 32: 0.1}, prefill_token_s=0.01,
+                  context_tokens=1024, step_context_s=1e-4, score_context_s=1e-4, prefill_context_s=1e-4)
+    assert steep.step(1, 0) == pytest.approx(MIN_CONTEXT_SHARE * 0.02)
+    assert steep.score(8, 0) == pytest.approx(MIN_CONTEXT_SHARE * 0.05)
+    assert steep.prefill(10) == pytest.approx(10 * MIN_CONTEXT_SHARE * 0.01)
+    assert steep.step(1, 2048) == pytest.approx(0.02 + 1e-4 * 1024)  # above the measured context: the slope
+    measured = load_costs(str(Path(__file__).resolve().parents[1] / "docs/peers/llama.cpp-qwen2.5-coder-0.5b-2t.json"))  # this machine's: the floor never binds
+    for context in (0, 100, 1024, 4000):
+        assert measured.step(1, context) > MIN_CONTEXT_SHARE * measured.step(1)
+        assert measured.score(32, context) > MIN_CONTEXT_SHARE * measured.score(32)

@@ -44,15 +44,15 @@ class Costs:
 
     def step(self, num_sequences: int, context: int | None = None) -> float:
         extra = 0 if context is None else num_sequences * self.step_context_s * (context - self.context_tokens)
-        return max(0.0, _interpolate(self.step_s, num_sequences) + extra)
+        return _floored(_interpolate(self.step_s, num_sequences), extra)
 
     def score(self, num_tokens: int, context: int | None = None) -> float:
         extra = 0 if context is None else num_tokens * self.score_context_s * (context - self.context_tokens)
-        return max(0.0, _interpolate({1: self.step_s[1], **self.score_s}, num_tokens) + extra)
+        return _floored(_interpolate({1: self.step_s[1], **self.score_s}, num_tokens), extra)
 
     def prefill(self, num_tokens: int) -> float:
-        per_token = self.prefill_token_s + self.prefill_context_s * (num_tokens - self.context_tokens) / 2
-        return num_tokens * max(0.0, per_token)
+        return num_tokens * _floored(self.prefill_token_s,
+                                     self.prefill_context_s * (num_tokens - self.context_tokens) / 2)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2)
@@ -70,6 +70,17 @@ class Costs:
                        **slopes)
         except (KeyError, TypeError, ValueError, AttributeError) as error:
             raise ConfigError(f"not a cost model (need step_s, score_s, prefill_token_s): {error}") from error
+
+
+MIN_CONTEXT_SHARE = 0.25  # a call at a short context costs at least this share of its cost at the measured one
+
+
+def _floored(measured: float, context_extra: float) -> float:
+    """A cost at another context: the measured one plus the context slope's term, never below
+    MIN_CONTEXT_SHARE of the measured one. The slope is measured above `context_tokens`; carried
+    below it, a slope inflated by a busy machine would price short-context calls at nothing (for
+    this machine's calibration the term takes at most ~25% off, at an empty context)."""
+    return max(MIN_CONTEXT_SHARE * max(0.0, measured), measured + context_extra)
 
 
 def _interpolate(table: dict[int, float], x: int) -> float:
