@@ -12,6 +12,8 @@ context and keeps the slopes:
     score(k, c) = score_s[k] + k * score_context_s * (c - context_tokens)
     prefill(n)  = n * (prefill_token_s + prefill_context_s * (n - context_tokens) / 2)
 
+Below context_tokens a cost keeps at least MIN_CONTEXT_SHARE of the measured one (a slope
+measured on a busy machine must not make short-context calls free).
 Between measured points, costs are interpolated linearly (score: from step_s[1] at
 k = 1; beyond the last point: extrapolated along the last segment). Cost models
 without slopes (older files, the GPU preset) ignore the context.
