@@ -9,8 +9,8 @@ pytest.importorskip("arctic_inference.suffix_decoding")
 from ssr.config import GenerationConfig  # noqa: E402
 from ssr.decode import Generation  # noqa: E402
 from ssr.engines.fake import FakeEngine  # noqa: E402
-from ssr.proposers import (PEER_SUFFIX, ArcticSuffixProposer, ResponseHistory, SuffixProposer,  # noqa: E402
-                           suffix_peer)
+from ssr.history import ResponseHistory  # noqa: E402
+from ssr.proposers import PEER_SUFFIX, ArcticSuffixProposer, SuffixProposer, suffix_peer  # noqa: E402
 from ssr.thinking import FORMATS  # noqa: E402
 
 

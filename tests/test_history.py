@@ -6,7 +6,8 @@ from ssr.bench.suites import Item
 from ssr.config import GenerationConfig, SuffixParams
 from ssr.decode import Generation
 from ssr.engines.fake import FakeEngine
-from ssr.proposers import ResponseHistory, SuffixProposer
+from ssr.history import ResponseHistory
+from ssr.proposers import SuffixProposer
 from ssr.thinking import FORMATS
 
 PROMPT = [ord(c) for c in "Please complete the class Stack."]

@@ -8,7 +8,8 @@ import pytest
 pytest.importorskip("arctic_inference.suffix_decoding")
 
 from ssr.config import SuffixParams  # noqa: E402
-from ssr.proposers import ResponseHistory, SuffixProposer, ssr_suffix  # noqa: E402
+from ssr.history import ResponseHistory  # noqa: E402
+from ssr.proposers import SuffixProposer, ssr_suffix  # noqa: E402
 from ssr.suffix_native import NativeSuffixProposer  # noqa: E402
 
 

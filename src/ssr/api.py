@@ -8,7 +8,7 @@ from .engines import Engine, load_engine
 from .models import DEFAULT_MODEL
 from .costs import CostModel
 from .policy import PolicyStats
-from .proposers import ResponseHistory
+from .history import ResponseHistory
 from .thinking import ThinkingFormat, build_messages, detect_format, render_chat, with_system
 
 

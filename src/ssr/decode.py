@@ -38,7 +38,8 @@ from .draft import Draft, DraftChildren
 from .engines.base import Engine, PassTimer, shares_passes
 from .metrics import Metrics, StageClock
 from .policy import Plan, PolicyStats, plan_request
-from .proposers import Proposer, ResponseHistory, request_proposer
+from .history import ResponseHistory
+from .proposers import Proposer, request_proposer
 from .sampling import target_probs
 from .spans import MAX_BRANCHES, SpanPolicy, span_extension
 from .text import TextStream

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from .config import SuffixParams
+from .history import ResponseHistory
 from .suffix_tree import SuffixTree, match_bucket
 
 
@@ -67,107 +68,6 @@ class CompetingProposers:
 
     def candidates(self, max_tokens: int) -> list[tuple[str, list[int]]]:
         return [candidate for proposer in self.proposers.values() for candidate in proposer.candidates(max_tokens)]
-
-
-class ResponseHistory:
-    """Earlier responses (whole outputs: CoT, forced tokens, answer), a bounded cache that suffix
-    trees are built from, as vLLM's `suffix` method keeps a global tree of earlier requests.
-    vLLM bounds it by requests (10,000, in C++); a Python tree costs ~depth nodes per token, so
-    this one is bounded by tokens. One tree per depth, built on first use and grown with every
-    response; when the cache overflows, the oldest responses are dropped down to half the bound
-    and the trees are rebuilt."""
-
-    def __init__(self, max_tokens: int = 20000) -> None:
-        self.max_tokens = max_tokens  # tokens kept over all responses (0: none)
-        self.responses: list[list[int]] = []  # oldest first
-        self._tokens = 0  # tokens in self.responses
-        self._trees: dict[int, SuffixTree] = {}  # max_depth -> tree over the responses
-        self._arctic: dict[int, object] = {}  # max_depth -> arctic-inference cache (requests, not tokens)
-        self._arctic_live: dict[int, str] = {}  # max_depth -> the request writing its response there now
-        self._arctic_ids = 0  # request ids handed out to arctic caches
-        self._native: dict[int, object] = {}  # max_depth -> C++ suffix tree over the responses (ssr's source)
-        self._native_seqs: list[int] = []  # its sequence ids, oldest first (bounded by requests, as vLLM's)
-
-    def add(self, token_ids: Sequence[int]) -> None:
-        for depth, cache in self._arctic.items():  # its live request wrote this response already
-            live = self._arctic_live.pop(depth, None)
-            if live is not None:
-                cache.stop_request(live)
-            elif self.max_tokens and token_ids:
-                self._arctic_response(cache, token_ids)
-        if self.max_tokens and token_ids:
-            self._native_add(token_ids)
-        if not self.max_tokens or not token_ids or len(token_ids) > self.max_tokens:
-            return
-        self.responses.append(list(token_ids))
-        self._tokens += len(token_ids)
-        if self._tokens > self.max_tokens:
-            while self._tokens > self.max_tokens // 2:
-                self._tokens -= len(self.responses.pop(0))
-            self._trees.clear()
-        for tree in self._trees.values():
-            tree.add_sequence(token_ids)
-
-    def tree(self, max_depth: int) -> SuffixTree | None:
-        """The tree of the responses so far at this depth (None while there are none)."""
-        if not self.responses:
-            return None
-        if max_depth not in self._trees:
-            tree = self._trees[max_depth] = SuffixTree(max_depth)
-            for response in self.responses:
-                tree.add_sequence(response)
-        return self._trees[max_depth]
-
-    NATIVE_REQUESTS = 10000  # responses the C++ trees keep (vLLM's suffix cache: 10,000 requests)
-
-    def native(self, max_depth: int):
-        """The C++ suffix tree over the responses at this depth (suffix_native; ImportError without
-        arctic-inference), None when the history keeps none. Made on first use from the responses
-        kept for the Python trees, then grown with every response, bounded by requests."""
-        if not self.max_tokens:
-            return None
-        if max_depth not in self._native:
-            from .suffix_native import native_tree
-
-            tree = self._native[max_depth] = native_tree(max_depth)
-            for seq, response in zip(self._native_seqs[-len(self.responses):] if self.responses else [],
-                                     self.responses):
-                tree.extend(seq, response)
-        return self._native[max_depth]
-
-    def _native_add(self, token_ids: Sequence[int]) -> None:
-        seq = self._native_seqs[-1] + 1 if self._native_seqs else 0
-        self._native_seqs.append(seq)
-        for tree in self._native.values():
-            tree.extend(seq, list(token_ids))
-        if len(self._native_seqs) > self.NATIVE_REQUESTS:
-            oldest = self._native_seqs.pop(0)
-            for tree in self._native.values():
-                tree.remove(oldest)
-
-    def arctic(self, max_depth: int):
-        """(arctic-inference SuffixDecodingCache over the responses so far, a new request id), for
-        one request that writes its response there as it goes (as vLLM's suffix method does). The
-        cache is bounded by requests, as in vLLM (10,000); with max_tokens 0 it holds none."""
-        from arctic_inference.suffix_decoding import SuffixDecodingCache
-
-        if max_depth not in self._arctic:
-            cache = self._arctic[max_depth] = SuffixDecodingCache(max_depth, 10000 if self.max_tokens else 0)
-            for response in self.responses:
-                self._arctic_response(cache, response)
-        live = self._arctic_live.pop(max_depth, None)
-        if live is not None:  # a request that never reached add(): its response stays cached
-            self._arctic[max_depth].stop_request(live)
-        self._arctic_ids += 1
-        self._arctic_live[max_depth] = request_id = f"request-{self._arctic_ids}"
-        return self._arctic[max_depth], request_id
-
-    def _arctic_response(self, cache, token_ids: Sequence[int]) -> None:
-        self._arctic_ids += 1
-        request_id = f"earlier-{self._arctic_ids}"
-        cache.start_request(request_id, [])
-        cache.add_active_response(request_id, list(token_ids))
-        cache.stop_request(request_id)
 
 
 class ArcticSuffixProposer(_OneSource):
@@ -303,28 +203,21 @@ class PromptLookupProposer(_OneSource):
         return [], None
 
 
-class LookupProposer:
-    """ssr's n-gram lookup over prompt + output: the last n tokens (n = max_ngram down to 1)
-    matched at their earliest occurrence (prompt lookup's choice: text the prompt states) and at
-    their two latest ones before the context's end (what the CoT said the last times it reached
-    here: real CoTs restate their own recent lines), the tokens after each proposed; then the
-    latest occurrence of the longest shorter n-gram that goes another way. Candidates whose first
-    token an earlier one already offers are left out (the earliest and latest are kept: the
-    policy learns them apart). Each candidate's source names its occurrence and n ("lookup/3",
-    "recent/2"). O(max_ngram) per token and per proposal."""
+class LookupProposer(PromptLookupProposer):
+    """ssr's n-gram lookup over prompt + output: prompt lookup's earliest occurrence of the last n
+    tokens (n = max_ngram down to 1: text the prompt states; `propose` is prompt lookup's), and
+    beside it their two latest occurrences before the context's end (what the CoT said the last
+    times it reached here: real CoTs restate their own recent lines), the tokens after each
+    proposed; then the latest occurrence of the longest shorter n-gram that goes another way.
+    Candidates whose first token an earlier one already offers are left out (the earliest and
+    latest are kept: the policy learns them apart). Each candidate's source names its occurrence
+    and n ("lookup/3", "recent/2"). O(max_ngram) per token and per proposal."""
 
     def __init__(self, seed: Sequence[int], max_ngram: int = 3, num_tokens: int = 64) -> None:
-        self.max_ngram = max_ngram  # longest n-gram matched first
-        self.num_tokens = num_tokens  # tokens proposed after a match
-        self.tokens: list[int] = []  # everything the model has seen
-        self._first: dict[tuple[int, ...], int] = {}  # n-gram -> start of its earliest occurrence
         self._latest: dict[tuple[int, ...], tuple[int, int | None]] = {}  # n-gram -> starts of its latest two
         # [n]: starts of the latest two occurrences of the context's last n tokens before this one
         self._before: list[tuple[int | None, int | None]] = [(None, None)] * (max_ngram + 1)
-        self.observe(seed)
-
-    def add_source(self, token_ids: Sequence[int]) -> None:
-        """Lookup reads the request's own tokens only."""
+        super().__init__(seed, max_ngram, num_tokens, min_ngram=1)
 
     def observe(self, token_ids: Sequence[int]) -> None:
         tokens, first, latest, before = self.tokens, self._first, self._latest, self._before
@@ -335,11 +228,7 @@ class LookupProposer:
                 gram = tuple(tokens[end - size:])
                 before[size] = seen = latest.get(gram, (None, None))
                 latest[gram] = (end - size, seen[0])
-                first.setdefault(gram, end - size)
-
-    def propose(self, max_tokens: int) -> tuple[list[int], list[float] | None]:
-        found = self.candidates(max_tokens)
-        return (found[0][1], None) if found else ([], None)
+                first.setdefault(gram, end - size)  # prompt lookup's map, kept in the same pass
 
     def candidates(self, max_tokens: int) -> list[tuple[str, list[int]]]:
         limit = min(max_tokens, self.num_tokens)

@@ -24,7 +24,7 @@ from ..decode import Generation
 from ..engines.base import shares_passes
 from ..costs import CostModel, Costs
 from ..policy import Plan, PolicyStats, fixed_plan, plan_request
-from ..proposers import ResponseHistory
+from ..history import ResponseHistory
 from .drafts import DraftBook
 from .replay import REPLAY_FORMAT, RecordedSpans, ReplayEngine, RowModel
 from .report import group_name, render_table

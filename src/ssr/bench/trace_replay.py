@@ -29,7 +29,7 @@ from ..config import ConfigError, GenerationConfig
 from ..costs import CostModel, Costs
 from ..decode import Generation
 from ..policy import Plan, PolicyStats
-from ..proposers import ResponseHistory
+from ..history import ResponseHistory
 from .replay import REPLAY_FORMAT, ReplayEngine, RowModel
 from .traces import TokenTrace
 
