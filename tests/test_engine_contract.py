@@ -10,12 +10,15 @@ import numpy as np
 import pytest
 
 from ssr.engines import EngineError, load_engine
-from ssr.engines.base import shares_passes
+from ssr.engines.base import shares_passes, tree_passes
+from ssr.engines.fake import FakeTreeEngine
+from ssr.tree import build_tree
 
 TEXT = "def area(radius):\n    return 3.14159 * radius ** 2\n# compute the area of circles, then print\n" * 60
 
 ENGINES = [
     pytest.param(("fake", {}), id="fake"),
+    pytest.param(("fake-tree", {}), id="fake-tree"),
     pytest.param(("llama.cpp", {"model": "smollm2-135m"}), id="llama.cpp-smollm2"),
     pytest.param(("llama.cpp", {"model": "qwen2.5-coder-0.5b"}), id="llama.cpp-qwen", marks=pytest.mark.slow),
     pytest.param(("transformers", {"model": "smollm2-135m"}), id="transformers-smollm2"),
@@ -28,6 +31,8 @@ def engine(request):
     kind, options = request.param
     if kind == "fake":
         return load_engine("", "fake")
+    if kind == "fake-tree":  # the fake model with tree attention (score_tree, keep_path)
+        return FakeTreeEngine()
     if kind == "transformers":
         pytest.importorskip("transformers", reason="the transformers engine needs  pip install 'ssr[torch]'")
     return load_engine(options["model"], kind, context_size=2048)
@@ -114,6 +119,33 @@ def test_shared_pass_is_bit_identical_to_separate_passes(engine):
     differing = np.nonzero(np.abs(got - expected).max(axis=1))[0]
     assert differing.size == 0, f"rows {differing[:10].tolist()} differ, max {np.abs(got - expected).max():.3g}"
     assert np.array_equal(child_rows, child_alone)
+
+
+def test_tree_pass_is_bit_identical_to_linear_feeds(engine):
+    """score_tree: several candidate spans as one token tree on one sequence give each span the
+    logits a linear feed gives it; keep_path leaves the sequence as if the kept path had been
+    fed (the steps after it match solo steps)."""
+    if not tree_passes(engine):
+        pytest.skip("the engine has no tree attention")
+    prompt, fed = tokens(engine, 0, 500), tokens(engine, 500, 30)
+    expected = solo_steps(engine, prompt, fed)  # [30, vocab]
+    spans = [fed[1:20], fed[1:5] + [7, 8, 9], [7] + fed[2:6]]  # the right path, a late branch, a wrong start
+    seq = engine.prefill(prompt)
+    tree = build_tree(fed[0], spans)
+    rows = engine.score_tree(seq, tree.token_ids, tree.parents)  # [nodes, vocab]
+    assert rows.shape == (len(tree.token_ids), engine.vocab_size) and engine.length(seq) == 500
+    for span, path in zip(spans[1:], tree.paths[1:]):
+        alone = engine.prefill(prompt)
+        linear = engine.score(alone, [fed[0]] + span)
+        engine.release(alone)
+        assert np.array_equal(rows[path], linear)
+    engine.keep_path(seq, tree.paths[0][:12])
+    assert engine.length(seq) == 512
+    got = np.concatenate([rows[tree.paths[0]], np.stack([engine.step([(seq, t)])[0] for t in fed[12:]])])
+    engine.release(seq)
+    want = np.concatenate([expected[:20], expected[12:]])
+    differing = np.nonzero(np.abs(got - want).max(axis=1))[0]
+    assert differing.size == 0, f"rows {differing[:10].tolist()} differ, max {np.abs(got - want).max():.3g}"
 
 
 def test_release_frees_sequences(engine):

@@ -227,3 +227,43 @@ def test_lookup_offers_the_latest_occurrence_beside_the_earliest():
     proposer = LookupProposer([1, 2, 5, 1, 2, 6, 1, 2, 7, 1, 2], max_ngram=2, num_tokens=2)
     # "1 2" went on "5" first, "7" last, "6" the time before; "2" alone last went on "7" too
     assert proposer.candidates(5) == [("lookup/2", [5, 1]), ("recent/2", [7, 1]), ("recent/2", [6, 1])]
+
+
+def _other_ways_oracle(tokens, max_ngram, num_tokens, offered, others):
+    """The lookup's further candidates written plainly: for the longest n-gram ending the context
+    down to 1, every token that followed an earlier occurrence of it and no candidate offers yet,
+    the most recently seen first, each after the latest occurrence followed by it."""
+    out, offered = [], set(offered)
+    for size in range(min(max_ngram, len(tokens) - 1), 0, -1):
+        starts = [start for start in range(len(tokens) - size) if tokens[start:start + size] == tokens[-size:]]
+        latest = {}  # next token -> latest start followed by it
+        for start in starts:
+            latest[tokens[start + size]] = start
+        for token, start in sorted(latest.items(), key=lambda item: -item[1]):
+            if len(out) < others and token not in offered:
+                offered.add(token)
+                out.append((f"other/{size}", tokens[start + size:start + size + num_tokens]))
+    return out
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_lookup_other_ways_match_brute_force(seed):
+    rng = random.Random(seed)
+    tokens = [rng.randrange(6) for _ in range(rng.randrange(1, 12))]
+    proposer = LookupProposer(tokens, max_ngram=3, num_tokens=6, others=3)
+    plain = LookupProposer(tokens, max_ngram=3, num_tokens=6)
+    for _ in range(40):
+        limit = rng.randrange(1, 9)
+        first = plain.candidates(limit)
+        expected = first + _other_ways_oracle(proposer.tokens, 3, min(limit, 6), [span[0] for _, span in first], 3) \
+            if first else []
+        assert proposer.candidates(limit) == expected
+        new = [rng.randrange(6) for _ in range(rng.randrange(1, 3))]
+        proposer.observe(new)
+        plain.observe(new)
+
+
+def test_lookup_offers_every_other_way_an_n_gram_went():
+    proposer = LookupProposer([1, 2, 3, 1, 2, 4, 1, 2, 5, 1, 2, 6, 1, 2], max_ngram=2, num_tokens=1, others=4)
+    # "1 2" went on 3 (earliest), 6 (latest), 5 (the time before); then the other ways: 4
+    assert proposer.candidates(1) == [("lookup/2", [3]), ("recent/2", [6]), ("recent/2", [5]), ("other/2", [4])]

@@ -1,22 +1,26 @@
-"""Several candidate spans verified in one forward pass, each on its own fork of the parent
-(engines that feed several sequences per pass, where verifying costs about a step), for
-decode.Generation: score every candidate (a living draft child's step in the same pass), verify
-each — greedy: the branch that accepts most becomes the parent; sampling: the candidates as one
-token tree (verify_tree_sampled, exact) — and release the other branches. Needs the
-generation's engine, parent, config, metrics, rng, banned_ids and its _score, _verdict, _want,
-_grow_draft, _own and _drop."""
+"""Several candidate spans verified in one forward pass (engines that feed several sequences per
+pass, where verifying costs about a step), for decode.Generation: on an engine with tree
+attention (`score_tree`) the candidates as one token tree on the parent (tree.build_tree: shared
+prefixes fed once, no forks), else each on its own fork of the parent (a living draft child's
+step in the same pass); verify each — greedy: the candidate that accepts most wins; sampling:
+the candidates as one token tree (verify_tree_sampled, exact) — and keep the winner's tokens
+only (its path of the tree, or its branch as the parent). Needs the generation's engine, parent,
+config, metrics, rng, banned_ids and its _score, _verdict, _want, _grow_draft, _own and _drop."""
 from __future__ import annotations
 
 import numpy as np
 
 from .draft import Draft
+from .engines.base import tree_passes
 from .metrics import StageClock
 from .sampling import target_probs
+from .tree import TokenTree, build_tree
 from .verify import Verdict, common_prefix, verify_tree_sampled
 
 
 class Branches:
     _forks: list[int]  # the branches of the pass under way (candidates 2.. on forks of the parent)
+    _tree: TokenTree | None  # the pass under way's token tree (on engines with tree attention)
 
     def _verify_candidates(self, pending: int, proposals: list[tuple[str, list[int]]], child: Draft | None = None,
                            clock: StageClock | None = None, thinking: bool = False) -> tuple[int, list[Verdict]]:
@@ -42,11 +46,16 @@ class Branches:
     def _score_candidates(self, pending: int, spans: list[list[int]], child: Draft | None = None,
                           clock: StageClock | None = None, thinking: bool = False) -> list[np.ndarray]:
         """[pending] + each span scored in one forward pass -> rows [k_i + 1, vocab] (or token ids
-        [k_i + 1]) per span: the
-        first span on the parent, each other on a fresh fork of it (a branch); a living child
-        takes its next step in the same pass (engine.score_batch)."""
+        [k_i + 1]) per span: on an engine with tree attention and no child alive, the spans'
+        token tree on the parent (engine.score_tree); else the first span on the parent, each
+        other on a fresh fork of it (a branch), a living child's next step in the same pass
+        (engine.score_batch)."""
         if len(spans) == 1 and child is None:
             return [self._score(self.parent, [pending] + spans[0], thinking=thinking).copy()]
+        if child is None and tree_passes(self.engine):  # one sequence, one pass over the trie's nodes
+            self._tree = tree = build_tree(pending, spans)
+            rows = self.engine.score_tree(self.parent, tree.token_ids, tree.parents, **self._want(thinking))
+            return [rows[path] for path in tree.paths]  # [k_i + 1, vocab] or [k_i + 1]: fancy indexing copies
         self._forks = [self._own(self.engine.fork(self.parent)) for _ in spans[1:]]
         feeds = [(seq, [pending] + span) for seq, span in zip([self.parent] + self._forks, spans)]
         if child is not None:
@@ -63,11 +72,15 @@ class Branches:
         the parent's, the other branches are released."""
         if won is None:
             won = max(range(len(verdicts)), key=lambda i: (verdicts[i].num_accepted, -i))
-        held = [self.parent] + self._forks
-        for i, seq in enumerate(held):
-            if i != won:
-                self._drop(seq)
-        self.parent, self._forks = held[won], []
+        if self._tree is not None:  # the winner's path stays on the parent, the other nodes go
+            self.engine.keep_path(self.parent, self._tree.paths[won])
+            self._tree = None
+        else:
+            held = [self.parent] + self._forks
+            for i, seq in enumerate(held):
+                if i != won:
+                    self._drop(seq)
+            self.parent, self._forks = held[won], []
         if len(verdicts) > 1:
             self.metrics.branch_passes += 1
             self.metrics.branch_wins += won > 0

@@ -14,9 +14,10 @@ The request walks four stages:
                 guesses spans; each span is verified in one pass, the longest match kept
   4. finish   - outstanding children released, metrics closed
 Where verifying costs about a step (GPUs) and the engine feeds several sequences per pass, a
-span pass verifies up to MAX_BRANCHES candidate spans (the suffix tree's best and its other
-branches, n-gram lookup), each on its own fork of the parent; greedy: the branch
-that accepts most becomes the parent (the model's own tokens, whichever branch holds them);
+span pass verifies several candidate spans (the suffix tree's best and its other branches,
+n-gram lookup): on an engine with tree attention up to MAX_TREE_CANDIDATES as one token tree
+on the parent, else up to MAX_BRANCHES each on its own fork of the parent; greedy: the
+candidate that accepts most wins (the model's own tokens, whichever candidate holds them);
 sampling: the candidates are verified as one token tree (verify.verify_tree_sampled, exact).
 Whether and when children fork, how long they write and how the draft is verified is
 the policy's plan (policy.py: measured costs under `--policy auto`, the flags under
@@ -35,13 +36,13 @@ from .config import GenerationConfig
 from .costs import CostModel
 from .branches import Branches
 from .draft import Draft, DraftChildren
-from .engines.base import Engine, PassTimer, shares_passes
+from .engines.base import Engine, PassTimer, shares_passes, tree_passes
 from .metrics import Metrics, StageClock
 from .policy import Plan, PolicyStats, plan_request
 from .history import ResponseHistory
 from .proposers import Proposer, request_proposer
 from .sampling import target_probs
-from .spans import MAX_BRANCHES, SpanPolicy, span_extension
+from .spans import MAX_BRANCHES, MAX_TREE_CANDIDATES, SpanPolicy, span_extension
 from .text import TextStream
 from .thinking import ThinkingFormat
 from .verify import Verdict, verify_greedy, verify_sampled
@@ -76,14 +77,17 @@ class Generation(Branches, DraftChildren, Walk):
         self.cot_spans = SpanPolicy(self.costs, learnt.get("cot"))  # the same for CoT spans (accepted less)
         self.metrics = Metrics(mode=config.mode, prompt_tokens=len(prompt_ids), policy=self.plan.as_dict(),
                                spans_beside_child=beside)
-        # candidate spans verified per pass, each on its own sequence: several only where one pass
-        # holds several sequences and verifying costs ~a step (GPUs); greedy keeps the branch that
-        # accepts most (it holds the model's own tokens), sampling verifies them as a token tree
+        # candidate spans verified per pass: several only where one pass holds several sequences
+        # and verifying costs ~a step (GPUs); as one token tree on the parent where the engine has
+        # tree attention, else each on its own sequence; greedy keeps the candidate that accepts
+        # most (it holds the model's own tokens), sampling verifies them as a token tree
         self.extend = span_extension(self.costs, config.suffix.max_span)  # not None: verification is cheap
-        several = beside and self.extend is not None and config.adaptive_spans
-        self.branches = MAX_BRANCHES if several and config.uses_draft else 1
+        several = beside and self.extend is not None and config.adaptive_spans and config.uses_draft
+        self.trees = several and tree_passes(engine)  # candidates as one token tree (no forks)
+        self.branches = (MAX_TREE_CANDIDATES if self.trees else MAX_BRANCHES) if several else 1
         self.parent = -1  # the parent's sequence (a winning branch's sequence takes its place)
         self._forks: list[int] = []  # the branches of the pass under way (candidates 2.. on forks of the parent)
+        self._tree = None  # the pass under way's token tree (engines with tree attention: no forks)
         self._check_context(config.suffix.max_span + 1 + (self.plan.draft_tokens if self.plan.draft else 0),
                             " + draft tokens" if config.uses_draft else "")
 
@@ -98,7 +102,7 @@ class Generation(Branches, DraftChildren, Walk):
             self.parent = self._own(self.engine.prefill(self.prompt_ids[:-1]))
             since = clock.add("prefill", 0.0)
             proposer = self._proposer or request_proposer(self.config, self.extend, self.prompt_ids, self.history,
-                                                          several=self.branches > 1)
+                                                          several=self.branches > 1, trees=self.trees)
             if self.config.uses_draft and self.config.proposer == "suffix":
                 self.metrics.engine["suffix_spans"] = "past the match" if self.extend is not None else "match length"
             if hasattr(proposer, "implementation"):  # the suffix tree's: arctic-inference or ssr's own
@@ -307,6 +311,8 @@ class Generation(Branches, DraftChildren, Walk):
         if not found:
             return []
         if self.config.adaptive_spans and self.config.uses_draft:
+            if self.trees and len(self._live) == 1:  # the parent alone: one token tree on it
+                return spans.choose_many(found, self.branches, tree=True)
             free = self.engine.max_sequences - getattr(self.engine, "live_sequences", lambda: len(self._live))()
             return spans.choose_many(found, min(self.branches, 1 + max(0, free)))
         return found[:1]
@@ -346,7 +352,7 @@ class Generation(Branches, DraftChildren, Walk):
         """Greedy argmax match, or rejection sampling against the sampling distribution."""
         sampling = self.config.sampling
         if sampling.greedy:
-            return verify_greedy(np.asarray(draft_ids, dtype=np.int64), target_logits)
+            return verify_greedy(draft_ids, target_logits)
         return verify_sampled(
             np.asarray(draft_ids, dtype=np.int64), draft_probs,
             target_probs(target_logits, sampling), self.rng, approx=self.config.verify == "approx",

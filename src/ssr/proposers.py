@@ -210,17 +210,24 @@ class LookupProposer(PromptLookupProposer):
     times it reached here: real CoTs restate their own recent lines), the tokens after each
     proposed; then the latest occurrence of the longest shorter n-gram that goes another way.
     Candidates whose first token an earlier one already offers are left out (the earliest and
-    latest are kept: the policy learns them apart). Each candidate's source names its occurrence
-    and n ("lookup/3", "recent/2"). O(max_ngram) per token and per proposal."""
+    latest are kept: the policy learns them apart). With `others` (several candidates a pass, as
+    one token tree), up to that many more: for the longest n-gram down, every other token the
+    context's last n tokens went on to, from the latest occurrence that went that way ("other/n";
+    a token tree verifies them for about the price of their nodes). Each candidate's source
+    names its occurrence and n ("lookup/3", "recent/2", "other/1"). O(max_ngram) per token;
+    a proposal O(max_ngram + candidates)."""
 
-    def __init__(self, seed: Sequence[int], max_ngram: int = 3, num_tokens: int = 64) -> None:
+    def __init__(self, seed: Sequence[int], max_ngram: int = 3, num_tokens: int = 64, others: int = 0) -> None:
         self._latest: dict[tuple[int, ...], tuple[int, int | None]] = {}  # n-gram -> starts of its latest two
         # [n]: starts of the latest two occurrences of the context's last n tokens before this one
         self._before: list[tuple[int | None, int | None]] = [(None, None)] * (max_ngram + 1)
+        self.others = others  # further candidates: other tokens the n-gram went on to
+        # n-gram -> {the token that followed it: the start of the latest occurrence followed so}, oldest first
+        self._ways: dict[tuple[int, ...], dict[int, int]] = {}
         super().__init__(seed, max_ngram, num_tokens, min_ngram=1)
 
     def observe(self, token_ids: Sequence[int]) -> None:
-        tokens, first, latest, before = self.tokens, self._first, self._latest, self._before
+        tokens, first, latest, before, ways = self.tokens, self._first, self._latest, self._before, self._ways
         for token in token_ids:
             tokens.append(token)
             end = len(tokens)
@@ -229,6 +236,10 @@ class LookupProposer(PromptLookupProposer):
                 before[size] = seen = latest.get(gram, (None, None))
                 latest[gram] = (end - size, seen[0])
                 first.setdefault(gram, end - size)  # prompt lookup's map, kept in the same pass
+                if self.others and end > size:  # the n-gram before this token went on to it
+                    went = ways.setdefault(tuple(tokens[end - 1 - size: end - 1]), {})
+                    went.pop(token, None)
+                    went[token] = end - 1 - size
 
     def candidates(self, max_tokens: int) -> list[tuple[str, list[int]]]:
         limit = min(max_tokens, self.num_tokens)
@@ -251,7 +262,22 @@ class LookupProposer(PromptLookupProposer):
             span = after(self._before[shorter][0], shorter)
             if span[0] not in offered:
                 out.append((f"recent/{shorter}", span))
+                offered.add(span[0])
                 break
+        return out + self._other_ways(sizes, offered, limit)
+
+    def _other_ways(self, sizes: list[int], offered: set[int], limit: int) -> list[tuple[str, list[int]]]:
+        """Up to `others` candidates: for the longest n-gram down, the tokens the context's last n
+        tokens went on to that no candidate offers yet, the latest first, each from the latest
+        occurrence that went that way."""
+        tokens, end, out = self.tokens, len(self.tokens), []
+        for size in sizes:
+            for token, start in reversed(self._ways.get(tuple(tokens[end - size:]), {}).items()):
+                if len(out) >= self.others:
+                    return out
+                if token not in offered:
+                    offered.add(token)
+                    out.append((f"other/{size}", tokens[start + size: start + size + limit]))
         return out
 
 
@@ -283,8 +309,11 @@ def ssr_suffix(params: SuffixParams, prompt_ids: Sequence[int], history: Respons
         return SuffixProposer(params, [prompt_ids], history, extend_prob)
 
 
+OTHER_WAYS = 8  # n-gram lookup's further candidates where several are verified a pass as one token tree
+
+
 def request_proposer(config, extend_prob: float | None, prompt_ids: Sequence[int],
-                     history: ResponseHistory | None, several: bool = False) -> Proposer | None:
+                     history: ResponseHistory | None, several: bool = False, trees: bool = False) -> Proposer | None:
     """One proposer for a request's output, seeded with the prompt (drafts join at the close).
     ssr: its suffix tree (spans past the match length with `extend_prob`, see
     spans.span_extension) and n-gram lookup compete; with `several` (several candidates verified
@@ -295,7 +324,7 @@ def request_proposer(config, extend_prob: float | None, prompt_ids: Sequence[int
         params = config.suffix
         return CompetingProposers({
             "suffix": ssr_suffix(params, prompt_ids, history, extend_prob, ALTERNATIVES if several else 0),
-            "lookup": LookupProposer(prompt_ids, 3, params.max_span)})
+            "lookup": LookupProposer(prompt_ids, 3, params.max_span, OTHER_WAYS if trees else 0)})
     if kind == "suffix":
         return suffix_peer(prompt_ids, history)
     if kind == "pld":

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, replace
 
 from .costs import CostModel
 from .suffix_tree import MATCH_BUCKETS
+from .tree import common_prefix_length
 
 
 def best_span_length(accept_probs: Sequence[float], costs: CostModel) -> int:
@@ -30,13 +31,17 @@ def best_span(accept_probs: Sequence[float], costs: CostModel, priced: list[floa
     costs of passes over 1, 2, ... tokens (CostModel.costs), when the caller has them."""
     if priced is None or len(priced) < len(accept_probs) + 1:
         priced = costs.costs(len(accept_probs) + 1)  # [k - 1]: a pass over k tokens
-    rates = [1.0 / priced[0]] + [(1.0 + expected) / cost  # pending token + span in one pass
-                                 for expected, cost in zip(accumulate(accept_probs), priced[1:])]
-    best_len = max(range(len(rates)), key=rates.__getitem__)  # the first of equals: the shortest
-    return best_len, rates[best_len]
+    best_len, best_rate, length = 0, 1.0 / priced[0], 0
+    for expected, cost in zip(accumulate(accept_probs), priced[1:]):  # pending token + span in one pass
+        length += 1
+        rate = (1.0 + expected) / cost
+        if rate > best_rate:  # the first of equals: the shortest
+            best_len, best_rate = length, rate
+    return best_len, best_rate
 
 
-MAX_BRANCHES = 6  # candidate spans verified in one pass at most (greedy, cheap verification, shared passes)
+MAX_BRANCHES = 6  # candidate spans verified in one pass at most, each on its own fork (cheap verification)
+MAX_TREE_CANDIDATES = 16  # the same as one token tree on one sequence (engines with tree attention)
 CHEAP_SPAN_STEPS = 1.5  # a verify pass over the longest span costing at most this many steps is "cheap"
 
 
@@ -63,14 +68,18 @@ class AcceptanceStats:
     positions no span has reached yet, so spans can grow past what the cut has tried so far.
     The prior is one pseudo-span: its first token accepted with chance prior_first (the
     policy sets it from the source's match length, first_token_prior), later ones with
-    prior_rate each (copied text, once right, tends to stay right), so a source is tried where
-    its prior pays on this engine and learnt within a few passes (the guard bounds the cost). Older spans
-    weigh less (`decay` per span): text moves between copied and new regions, and a source that
-    just failed at once is likely to fail at the next position too."""
+    prior_rate each: 0.65, the acceptance of a token after right ones pooled over every span of
+    the development traces (`ssr traces`, GPU preset, cold: 52% after one right token, 61%
+    after two, 71% after four, 83% after eight; copied text, once right, tends to stay right).
+    A prior of 0.9 priced spans too long: at the positions no span had reached it predicted
+    1.5-7x the acceptance later measured there. A source is tried where its prior pays on this
+    engine and learnt within a few passes (the guard bounds the cost). Older spans weigh less
+    (`decay` per span): text moves between copied and new regions, and a source that just
+    failed at once is likely to fail at the next position too."""
 
     prior_weight: float = 1.0  # pseudo-spans behind the prior
     prior_first: float = 0.9  # the prior's chance that the span's first token is accepted
-    prior_rate: float = 0.9  # the prior's chance to accept each later token given the ones before
+    prior_rate: float = 0.65  # the prior's chance to accept each later token given the ones before
     decay: float = 0.9  # weight of the spans seen so far when a new one is observed
     at_risk: list[float] = field(default_factory=list)  # [j]: spans that tried token j
     failed: list[float] = field(default_factory=list)  # [j]: of those, rejected token j
@@ -123,6 +132,11 @@ class AcceptanceStats:
             out.append(survival)
             out.extend(islice(accumulate(repeat(1.0 - pooled, length - len(out)), mul, initial=survival), 1, None))
         return out
+
+
+def _priced(priced: list[float], costs: CostModel, num_tokens: int) -> float:
+    """costs.cost(num_tokens), from the pass's price list where it reaches (priced[k - 1]: k tokens)."""
+    return priced[num_tokens - 1] if 0 < num_tokens <= len(priced) else costs.cost(num_tokens)
 
 
 def first_token_prior(source: str) -> float:
@@ -182,16 +196,23 @@ class SpanPolicy:
         chosen = self.choose_many(candidates, 1)
         return chosen[0] if chosen else ("", [])
 
-    def choose_many(self, candidates: Sequence[tuple[str, list[int]]], max_count: int) -> list[tuple[str, list[int]]]:
+    def choose_many(self, candidates: Sequence[tuple[str, list[int]]], max_count: int,
+                    tree: bool = False) -> list[tuple[str, list[int]]]:
         """The candidate worth most (cut to its best length), then up to max_count - 1 others
-        worth verifying beside it in the same pass, each on its own sequence: one is added when
-        the tokens it is expected to add where the chosen ones fail at once (their first-token
-        miss chance x its expected accepted tokens, at a plain step's cost each) outweigh what
-        its tokens add to the pass. [] for a plain step."""
+        worth verifying beside it in the same pass: one is added when the tokens it is expected
+        to add where the chosen ones fail (each chosen one's chance to fail by where it parts
+        from this one x this one's expected accepted tokens past that, at a plain step's cost
+        each) outweigh what it adds to the pass — each on its own sequence, its pending token
+        and span; with `tree` (one token tree, tree.build_tree), the nodes it does not share
+        with the chosen ones. [] for a plain step."""
         ranked = []  # (tokens per second, source, cut span) of every span worth a pass alone
         priced = self.costs.costs(max(len(span) for _, span in candidates) + 1) if candidates else []
+        best: dict[tuple[str, int], tuple[int, float]] = {}  # (source, span length) -> best_span: sources repeat
         for source, span in candidates:
-            length, rate = best_span(self.stats[source].probs(len(span)), self.costs, priced)
+            key = (source, len(span))
+            if key not in best:
+                best[key] = best_span(self.stats[source].probs(len(span)), self.costs, priced)
+            length, rate = best[key]
             if length:
                 ranked.append((rate, source, span[:length]))
         ranked.sort(key=lambda each: -each[0])  # stable: the first of equals stays first
@@ -200,21 +221,39 @@ class SpanPolicy:
             if self.skipped % self.explore_every:
                 return []
         chosen = [(source, span) for _, source, span in ranked[:1]]
-        fed = len(chosen[0][1]) + 1 if chosen else 0  # tokens in the pass so far
-        for _, source, span in ranked[1:]:
+        return self._add_beside(chosen, ranked[1:], max_count, tree, priced) if chosen else []
+
+    def _add_beside(self, chosen: list[tuple[str, list[int]]], ranked: list[tuple[float, str, list[int]]],
+                    max_count: int, tree: bool, priced: list[float]) -> list[tuple[str, list[int]]]:
+        """choose_many's further candidates, best first, each kept when worth its tokens beside the
+        chosen ones (priced: the costs of passes over 1, 2, ... tokens)."""
+        step_s, fed = priced[0], len(chosen[0][1]) + 1  # a plain step; tokens in the pass so far
+        misses = [1.0 - self.stats[chosen[0][0]].probs(1)[0]]  # each chosen one's first-token miss chance
+        for _, source, span in ranked:
             if len(chosen) >= max_count:
                 break
-            if any(other[: len(span)] == span for _, other in chosen):  # nothing a chosen one does not try
+            first = span[0]  # (most candidates part from the others at once)
+            shared = [0 if other[0] != first else common_prefix_length(other, span) for _, other in chosen]
+            most = max(shared)
+            if most == len(span):  # nothing a chosen one does not try
                 continue
-            miss = 1.0
-            for other_source, other in chosen:
-                miss *= 1.0 - self.stats[other_source].probs(1)[0]
-            expected = sum(self.stats[source].probs(len(span)))
-            extra_s = self.costs.cost(fed + len(span) + 1) - self.costs.cost(fed)
-            if miss * expected * self.costs.cost(1) > extra_s:
+            miss = 1.0  # every chosen one fails where this one parts from it (forks: at its first token)
+            for (other, _), first_miss, common in zip(chosen, misses, shared):
+                miss *= first_miss if not tree or common == 0 else self._parting_miss(other, common)
+            probs = self.stats[source].probs(len(span))
+            expected = sum(probs[most:]) if tree else sum(probs)
+            added = len(span) - most if tree else len(span) + 1  # tokens it adds to the pass
+            if miss * expected * step_s > _priced(priced, self.costs, fed + added) - _priced(priced, self.costs, fed):
                 chosen.append((source, span))
-                fed += len(span) + 1
+                misses.append(1.0 - probs[0])
+                fed += added
         return chosen
+
+    def _parting_miss(self, source: str, common: int) -> float:
+        """The chance that a span of this source fails at token common + 1, given the first common
+        were right: 1 - S(common + 1) / S(common)."""
+        probs = self.stats[source].probs(common + 1)
+        return 1.0 - probs[common] / probs[common - 1] if probs[common - 1] > 0 else 1.0
 
     def cut(self, span: list[int], source: str = "") -> list[int]:
         """One source's span cut to its best length ([] for a plain step)."""

@@ -12,7 +12,8 @@ match length (`extend_prob`, where verifying is cheap) by asking with no length 
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from itertools import islice
 
 from .config import SuffixParams
 from .suffix_tree import match_bucket
@@ -65,21 +66,20 @@ class NativeSuffixProposer:
             return []
         bucket = match_bucket(match_len)
         out = [(f"{self.source}/{bucket}", span)]
-        for other in self._branches(max_tokens)[: self.alternatives]:
+        for other in islice(self._branches(max_tokens), self.alternatives):
             if other[: len(span)] != span[: len(other)]:  # not a prefix of the best, nor extended by it
                 out.append((f"{self.source}/{bucket}~", other))
         return out
 
-    def _branches(self, max_tokens: int) -> list[list[int]]:
+    def _branches(self, max_tokens: int) -> Iterator[list[int]]:
         """Root-to-leaf paths of the request tree's continuation tree (arctic's tree speculation),
-        in the tree's order (most probable first)."""
+        in the tree's order (most probable first), built as they are asked for."""
         if self.alternatives < 1:
-            return []
+            return
         limit = min(max_tokens, self.params.max_span)
         draft = self.tree.speculate(self.context, max(limit, 32), float(limit), 0.0, 0.0, True)
-        tokens, parents = list(draft.token_ids), list(draft.parents)
+        tokens, parents = draft.token_ids, draft.parents
         has_child = set(parents)
-        paths = []
         for leaf in range(len(tokens)):
             if leaf in has_child:
                 continue
@@ -87,8 +87,7 @@ class NativeSuffixProposer:
             while node >= 0:
                 path.append(tokens[node])
                 node = parents[node]
-            paths.append(path[::-1][:limit])
-        return paths
+            yield path[::-1][:limit]
 
     def _best(self, max_tokens: int) -> tuple[list[int], list[float], int]:
         """(span, probabilities, match length): the request tree's or, when it scores higher, the

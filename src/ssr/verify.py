@@ -20,17 +20,18 @@ class Verdict:
     recovered: bool  # True: next_token replaces draft_ids[num_accepted]
 
 
-def verify_greedy(draft_ids: np.ndarray, target: np.ndarray) -> Verdict:
+def verify_greedy(draft_ids: np.ndarray | list[int], target: np.ndarray) -> Verdict:
     """Accept while the target's argmax equals the draft.
 
-    draft_ids: [k]; target: logits [k + 1, vocab] (row i predicts position i), or the target's
-    argmax token ids [k + 1] (engines that pick them where the logits live).
+    draft_ids: [k] (an array or a list); target: logits [k + 1, vocab] (row i predicts position
+    i), or the target's argmax token ids [k + 1] (engines that pick them where the logits live).
     """
     num_draft = len(draft_ids)
     _check_rows(num_draft, target, ids=True)
     target_ids = (target if target.ndim == 1 else np.argmax(target, axis=-1)).tolist()  # [k + 1]
     num_accepted = 0  # a short Python walk: cheaper than array operations at these sizes
-    for drafted, chosen in zip(np.asarray(draft_ids).tolist(), target_ids):
+    drafted_ids = draft_ids.tolist() if isinstance(draft_ids, np.ndarray) else draft_ids
+    for drafted, chosen in zip(drafted_ids, target_ids):
         if drafted != chosen:
             break
         num_accepted += 1

@@ -228,7 +228,7 @@ def cmd_traces(args: argparse.Namespace) -> int:
     vocab = load_vocab(args.tokenizer)
     tokens = [tokenize_trace(t, vocab) for t in tqdm(traces, unit="trace", desc="tokenizing", dynamic_ncols=True,
                                                       disable=not sys.stderr.isatty())]
-    rows = replay_all(tokens, modes, settings, orders, host, progress=sys.stderr.isatty())
+    rows = replay_all(tokens, modes, settings, orders, host, progress=sys.stderr.isatty(), candidates=args.candidates)
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     with open(out_dir / "rows.jsonl", "w", encoding="utf-8") as out:
@@ -244,7 +244,8 @@ def cmd_traces(args: argparse.Namespace) -> int:
         print()
         print(format_sources(sources, args.markdown))
     note = (f"`ssr traces` on {', '.join(args.files)}: {len(traces)} traces, tokenizer {vocab.name}, costs "
-            f"{', '.join(s.name for s in settings)}, host time {args.host}.")
+            f"{', '.join(s.name for s in settings)}, host time {args.host}, several candidates verified as "
+            f"{'one token tree' if args.candidates == 'tree' else 'forks'}.")
     path = write_report(rows, out_dir, note)
     print(f"\nrows: {out_dir / 'rows.jsonl'}; report: {path}", file=sys.stderr)
     return 0

@@ -26,6 +26,7 @@ import time
 import numpy as np
 
 from ..costs import Costs
+from ..engines.base import EngineError
 from ..thinking import ThinkingFormat
 
 # placeholders the loop tokenizes; the engine maps them to the row's forced token ids
@@ -220,6 +221,44 @@ class ReplayEngine:
         candidate spans verified in one pass), whose tokens follow the parent's path."""
         start, forced = self._prompt_len + self._forked_at[seq], self._forced
         return self._tokens[seq][start: start + len(forced)] == forced
+
+
+class TreeReplayEngine(ReplayEngine):
+    """The replay engine with tree attention (tree.py): several candidate spans verified as one
+    token tree on the parent in one pass, priced as a score pass over the tree's nodes (no fork
+    each, nor a batched step of that many sequences)."""
+
+    _tree: tuple[int, list[int]] | None = None  # (sequence, node tokens) of the last score_tree
+
+    def score_tree(self, seq: int, token_ids: Sequence[int], parents: Sequence[int], ids: bool = False,
+                   banned=None) -> np.ndarray:
+        """A token tree after seq's tokens in one pass (tree attention, tree.TokenTree): priced as a
+        score pass over its nodes; the prediction after each node [n] (or rows [n, vocab])."""
+        self._begin()
+        tokens = self._tokens[seq]
+        base = len(tokens)
+        self.seconds += self.costs.score(len(token_ids), base)
+        out = []
+        for node, (token, parent) in enumerate(zip(token_ids, parents)):
+            if parent != node - 1:  # a new branch: the sequence, then the node's ancestors
+                del tokens[base:]
+                while parent >= 0:
+                    tokens.insert(base, token_ids[parent])
+                    parent = parents[parent]
+            tokens.append(token)  # (a child of the node before: its path goes on)
+            out.append(self._predict(seq))
+        del tokens[base:]
+        self._tree = (seq, list(token_ids))
+        self._since = time.perf_counter()
+        return self._as(out, ids)
+
+    def keep_path(self, seq: int, nodes: Sequence[int]) -> None:
+        """After score_tree: seq keeps the tree's nodes along one path (root first)."""
+        tree_seq, token_ids = self._tree or (None, [])
+        if tree_seq != seq:
+            raise EngineError("keep_path follows a score_tree on the same sequence")
+        self._tokens[seq].extend(token_ids[node] for node in nodes)
+        self._tree = None
 
 
 def _with_last(tokens: list[int], last: int | None) -> list[int]:

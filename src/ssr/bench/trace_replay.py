@@ -14,6 +14,11 @@ arctic-inference's tree, vLLM's defaults and its global tree of earlier response
 (vLLM's ngram method as its docs configure it) and `pld` (transformers' prompt lookup, its
 defaults). No draft is forked: a trace holds no draft child's text.
 
+Several candidates a pass: by default the replayed engine has tree attention (replay's
+TreeReplayEngine: the candidates as one token tree on the parent, a pass priced by its nodes);
+`candidates="forks"` replays what ssr's llama.cpp and transformers adapters do (each candidate
+on its own fork, a pass priced as a batch of them).
+
 Orders: `cold` (each trace alone: no earlier responses, nothing learnt) and `deployment` (the
 file's order within each (set, model) group, the earlier responses cached and the span
 statistics carried, as a server would hold them).
@@ -30,7 +35,7 @@ from ..costs import CostModel, Costs
 from ..decode import Generation
 from ..policy import Plan, PolicyStats
 from ..history import ResponseHistory
-from .replay import REPLAY_FORMAT, ReplayEngine, RowModel
+from .replay import REPLAY_FORMAT, ReplayEngine, RowModel, TreeReplayEngine
 from .traces import TokenTrace
 
 TRACE_MODES = ("ar", "ssr", "paper", "suffix", "ngram", "pld")
@@ -56,16 +61,23 @@ def mode_config(mode: str) -> GenerationConfig:
     return replace(base, cot_spans=False) if mode == "paper" else base
 
 
+CANDIDATES = ("tree", "forks")  # how the replayed engine verifies several candidates a pass
+
+
 def replay_trace(tokens: TokenTrace, mode: str, setting: CostSetting, order: str,
                  history: ResponseHistory | None = None, stats: PolicyStats | None = None,
-                 host: str | float | None = None) -> dict:
+                 host: str | float | None = None, candidates: str = "tree") -> dict:
     """One trace in one mode -> a bench-shaped row (metrics on the modelled clock, the loop's
-    host time measured apart under "host", identity to the trace)."""
+    host time measured apart under "host", identity to the trace). candidates: "tree" (an
+    engine with tree attention: several candidates as one token tree, a pass priced by its
+    nodes) or "forks" (each candidate on its own fork, a pass priced as a batch of them: how
+    ssr's llama.cpp and transformers adapters verify them)."""
     trace = tokens.trace
     end = tokens.cot_ids[-1:]  # the end-of-thinking token, forced where a CoT would not end
     model = RowModel(prompt_ids=tokens.prompt_ids, cot_ids=tokens.cot_ids, answer_ids=tokens.answer_ids,
                      forced_end_ids=end, answer_prefix_ids=[], draft_ids=[], draft_forked_at=None)
-    engine = ReplayEngine(model, setting.costs, host=host, max_sequences=SEQUENCES)
+    engine = (TreeReplayEngine if candidates == "tree" else ReplayEngine)(model, setting.costs, host=host,
+                                                                        max_sequences=SEQUENCES)
     started = time.perf_counter()
     generation = Generation(engine, REPLAY_FORMAT, mode_config(mode), tokens.prompt_ids,
                             costs=CostModel(table=setting.costs), stats=stats, plan=NO_DRAFT, history=history)
@@ -77,11 +89,12 @@ def replay_trace(tokens: TokenTrace, mode: str, setting: CostSetting, order: str
             "prompt_ids": tokens.prompt_ids, "cot_ids": engine.cot, "answer_ids": engine.answer,
             "draft_ids": [], "forced_ids": result.forced_ids, "trace": result.trace, "identical": identical,
             "host": {"s": engine.host_s, "passes": engine.passes, "wall_s": wall_s, "on_clock": host},
-            "step_s": setting.costs.step(1)}
+            "step_s": setting.costs.step(1), "candidates": candidates}
 
 
 def replay_all(traces: Sequence[TokenTrace], modes: Sequence[str], settings: Sequence[CostSetting],
-               orders: Sequence[str] = ORDERS, host: str | float | None = None, progress: bool = False) -> list[dict]:
+               orders: Sequence[str] = ORDERS, host: str | float | None = None, progress: bool = False,
+               candidates: str = "tree") -> list[dict]:
     """Every trace in every mode, order and cost setting. Deployment order keeps one response
     history and one set of learnt span statistics per (group, mode, setting), in file order."""
     from tqdm import tqdm
@@ -97,7 +110,7 @@ def replay_all(traces: Sequence[TokenTrace], modes: Sequence[str], settings: Seq
         key = (tokens.trace.group, mode, setting.name)
         deployed = order == "deployment"
         rows.append(replay_trace(tokens, mode, setting, order, histories[key] if deployed else None,
-                                 learnt[key] if deployed else PolicyStats(), host))
+                                 learnt[key] if deployed else PolicyStats(), host, candidates))
     return rows
 
 

@@ -61,14 +61,22 @@ class Engine(Protocol):
     # def score_batch(self, feeds: Sequence[tuple[int, Sequence[int]]]) -> list[np.ndarray]:
     #     """Feed each (seq, tokens) in one pass -> logits [len(tokens), vocab] per feed."""
 
+    # optional: tree attention (tree.TokenTree), several candidate spans on one sequence in one pass
+    # def score_tree(self, seq: int, token_ids: Sequence[int], parents: Sequence[int]) -> np.ndarray:
+    #     """Feed n nodes after seq's tokens, node i seeing seq and its ancestors only (parents[i] <
+    #     i; -1: the sequence's last token), at position length + depth -> logits [n, vocab]."""
+    # def keep_path(self, seq: int, nodes: Sequence[int]) -> None:
+    #     """After score_tree: seq keeps the nodes of one root-first path, the others are dropped."""
+
 
 class PassTimer:
     """An engine seen through a stopwatch: the wall seconds spent inside its calls (passes,
     prefill, forks, KV edits), so that the rest of a request's wall time is the loop's own host
     time. Every attribute is the engine's; `score_batch` exists where the engine has it."""
 
-    TIMED = frozenset({"prefill", "step", "score", "score_batch", "fork", "truncate", "release"})
-    PASSES = frozenset({"step", "score", "score_batch"})  # forward passes that return rows or ids
+    TIMED = frozenset({"prefill", "step", "score", "score_batch", "score_tree", "keep_path", "fork", "truncate",
+                       "release"})
+    PASSES = frozenset({"step", "score", "score_batch", "score_tree"})  # forward passes that return rows or ids
 
     def __init__(self, engine) -> None:
         self.engine = engine  # the adapter timed
@@ -96,6 +104,12 @@ def shares_passes(engine) -> bool:
     """Whether the engine (or engine class) feeds several sequences' tokens in one forward pass
     (`score_batch`): a parent's speculative pass and a child's step then cost one pass."""
     return callable(getattr(engine, "score_batch", None))
+
+
+def tree_passes(engine) -> bool:
+    """Whether the engine verifies a token tree on one sequence in one pass (`score_tree` and
+    `keep_path`: tree attention), so several candidates need no fork each."""
+    return callable(getattr(engine, "score_tree", None)) and callable(getattr(engine, "keep_path", None))
 
 
 def argmax_ids(rows: np.ndarray, banned: np.ndarray | None = None) -> np.ndarray:

@@ -1,0 +1,152 @@
+"""Candidate spans as one token tree (tree.py) verified on one sequence in one pass (tree
+attention): the trie against a brute-force one, the engines' tree passes against linear feeds,
+and the loop on a tree engine token-identical to plain decoding, with no fork per candidate."""
+import random
+
+import numpy as np
+import pytest
+
+from ssr.bench.replay import RowModel, TreeReplayEngine
+from ssr.bench.trace_replay import NO_DRAFT
+from ssr.config import GenerationConfig, SamplingParams
+from ssr.costs import CostModel, gpu_preset
+from ssr.decode import Generation
+from ssr.engines.base import EngineError, tree_passes
+from ssr.engines.fake import FakeEngine, FakeTreeEngine
+from ssr.spans import MAX_TREE_CANDIDATES
+from ssr.thinking import FORMATS
+from ssr.tree import build_tree
+
+FMT = FORMATS["code"]
+PROMPTS = [[ord(c) for c in text] for text in ("Please complete the class Stack.", "abcabcabcabc abc",
+                                               "Write a queue in Python.")]
+
+
+def _brute_nodes(pending, spans):
+    """Every distinct prefix of [pending] + span, as tuples."""
+    return {tuple([pending] + list(span[:k])) for span in spans for k in range(len(span) + 1)}
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_tree_is_the_trie_of_the_spans(seed):
+    rng = random.Random(seed)
+    spans = [[rng.randrange(3) for _ in range(rng.randrange(0, 6))] for _ in range(rng.randrange(1, 6))]
+    tree = build_tree(7, spans)
+    prefixes = []  # node -> its tokens from the root
+    for token, parent in zip(tree.token_ids, tree.parents):
+        assert parent < len(prefixes)  # a parent before its children
+        prefixes.append((prefixes[parent] if parent >= 0 else ()) + (token,))
+    assert len(set(prefixes)) == len(prefixes) and set(prefixes) == _brute_nodes(7, spans)
+    for span, path in zip(spans, tree.paths):
+        assert [tree.token_ids[node] for node in path] == [7] + span
+        assert all(tree.parents[child] == parent for parent, child in zip(path, path[1:]))
+    assert tree.depths == [len(prefix) - 1 for prefix in prefixes]
+    for i, span in enumerate(spans):  # a span adds its tokens past the longest prefix an earlier one shares
+        shared = max((len(p) for p in _brute_nodes(7, spans[:i]) & _brute_nodes(7, [span])), default=1) - 1
+        assert len(build_tree(7, spans[: i + 1]).token_ids) - len(build_tree(7, spans[:i]).token_ids) == \
+            len(span) - shared
+
+
+TREES = [  # (name, pending, spans): shared prefixes, a span inside another, branches off an older path
+    ("two spans share a prefix", 5, [[1, 2, 3], [1, 2, 4]]),
+    ("a branch off an older path", 5, [[1, 2, 3], [4, 5], [1, 2, 6]]),
+    ("a span inside another", 5, [[1, 2, 3, 4], [1, 2]]),
+    ("an empty span", 5, [[], [9, 9]]),
+]
+
+
+@pytest.mark.parametrize("name,pending,spans", TREES, ids=[t[0] for t in TREES])
+def test_fake_tree_pass_equals_linear_feeds(name, pending, spans):
+    engine = FakeTreeEngine(order=3)
+    seq = engine.prefill([10, 11, 12])
+    tree = build_tree(pending, spans)
+    rows = engine.score_tree(seq, tree.token_ids, tree.parents)  # [n, vocab]
+    assert engine.length(seq) == 3  # the tree is not part of the sequence until a path is kept
+    reference = FakeEngine(order=3)
+    for span, path in zip(spans, tree.paths):
+        ref = reference.prefill([10, 11, 12])
+        np.testing.assert_array_equal(rows[path], reference.score(ref, [pending] + span))
+        reference.release(ref)
+    engine.keep_path(seq, tree.paths[-1])
+    assert engine._tokens[seq] == [10, 11, 12, pending] + spans[-1]
+    with pytest.raises(EngineError):
+        engine.keep_path(seq, tree.paths[0])  # one kept path per tree pass
+
+
+def test_replay_tree_pass_predicts_the_trace_and_prices_the_nodes():
+    model = RowModel(prompt_ids=[1, 2], cot_ids=[3, 4, 5, 6], answer_ids=[7], forced_end_ids=[6],
+                     answer_prefix_ids=[], draft_ids=[], draft_forked_at=None)
+    costs = gpu_preset()
+    engine = TreeReplayEngine(model, costs)
+    seq = engine.prefill([1])
+    tree = build_tree(2, [[3, 4, 9], [3, 8], [4]])
+    before = engine.seconds
+    ids = engine.score_tree(seq, tree.token_ids, tree.parents, ids=True)
+    assert engine.seconds - before == pytest.approx(costs.score(len(tree.token_ids), 1))
+    assert [list(ids[path]) for path in tree.paths] == [engine.cot[:4], engine.cot[:3], engine.cot[:2]]  # by position
+    engine.keep_path(seq, tree.paths[0][:3])
+    assert engine.length(seq) == 4 and engine.passes == 1
+
+
+def run(mode, prompt, order=2, engine=None, plan=None, **overrides):
+    options = dict(mode=mode, thinking_budget=120, draft_at=30, draft_tokens=40, max_tokens=80, policy="fixed")
+    options.update(overrides)
+    engine = engine or FakeTreeEngine(order=order)
+    generation = Generation(engine, FMT, GenerationConfig(**options), prompt, costs=CostModel(table=gpu_preset()),
+                            plan=plan)
+    result = generation.run()
+    assert engine.live_sequences() == 0
+    return generation, result, engine
+
+
+@pytest.mark.parametrize("order", [1, 2, 3])
+@pytest.mark.parametrize("prompt", range(len(PROMPTS)))
+@pytest.mark.parametrize("draft_at", [0, 30])
+def test_tree_passes_keep_greedy_identity(order, prompt, draft_at):
+    _, expected, _ = run("ar", PROMPTS[prompt], order, engine=FakeEngine(order=order), draft_at=draft_at)
+    generation, got, engine = run("ssr", PROMPTS[prompt], order, draft_at=draft_at)
+    assert tree_passes(engine) and generation.trees and generation.branches == MAX_TREE_CANDIDATES
+    assert (got.cot_ids, got.answer_ids) == (expected.cot_ids, expected.answer_ids)
+    assert got.metrics.stop == expected.metrics.stop and got.metrics.cot_end == expected.metrics.cot_end
+
+
+def test_tree_passes_verify_several_candidates_without_forks():
+    trees = passes = 0
+    for order in (1, 2, 3):
+        for prompt in PROMPTS:
+            _, got, engine = run("ssr", prompt, order, plan=NO_DRAFT)
+            trees += engine.calls["score_tree"]
+            passes += got.metrics.branch_passes
+            assert engine.calls["fork"] == 0  # no draft, and candidates need no fork on a tree
+            candidates = [event["candidates"] for event in got.trace if "candidates" in event]
+            assert all(2 <= count <= MAX_TREE_CANDIDATES for count in candidates)
+    assert trees == passes > 0
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_sampling_on_tree_passes_runs_and_releases_everything(seed):
+    generation, got, engine = run("ssr", PROMPTS[1], 1, sampling=SamplingParams(temperature=0.7, seed=seed))
+    assert generation.trees and got.metrics.cot_tokens > 0
+
+
+def _whole_or_nothing(rate, spans=20):
+    from ssr.spans import AcceptanceStats
+
+    stats = AcceptanceStats()
+    for i in range(spans):
+        stats.observe(8, 8 if int((i + 1) * rate) > int(i * rate) else 0)
+    return stats
+
+
+@pytest.mark.parametrize("tree,expected", [(True, ["a", "c"]), (False, ["a", "b", "c"])])
+def test_a_tree_prices_a_span_by_where_it_parts_from_the_chosen_ones(tree, expected):
+    """b shares a's first four tokens; a's spans are accepted whole or fail at once, so b only
+    gains where a fails after four right tokens — seldom, and not worth its four nodes at 5% of
+    a step each: a tree leaves it out; c starts another way and is kept either way. (Forks price
+    every candidate by the chosen ones' first-token misses, as before trees.)"""
+    from ssr.spans import SpanPolicy
+
+    stats = {"a": _whole_or_nothing(0.5), "b": _whole_or_nothing(0.5), "c": _whole_or_nothing(0.5)}
+    policy = SpanPolicy(CostModel(step_s=1.0, token_s=0.05), stats)
+    candidates = [("a", [1] * 8), ("b", [1] * 4 + [2] * 4), ("c", [3] * 8)]
+    assert [source for source, _ in policy.choose_many(candidates, 4, tree=tree)] == expected
