@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 
 from .costs import CostModel
 from .suffix_tree import MATCH_BUCKETS
-from .tree import common_prefix_length
+from .verify import common_prefix
 
 
 def best_span_length(accept_probs: Sequence[float], costs: CostModel) -> int:
@@ -233,7 +233,7 @@ class SpanPolicy:
             if len(chosen) >= max_count:
                 break
             first = span[0]  # (most candidates part from the others at once)
-            shared = [0 if other[0] != first else common_prefix_length(other, span) for _, other in chosen]
+            shared = [0 if other[0] != first else common_prefix(other, span) for _, other in chosen]
             most = max(shared)
             if most == len(span):  # nothing a chosen one does not try
                 continue

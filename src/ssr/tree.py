@@ -20,6 +20,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from .verify import common_prefix
+
 
 @dataclass(frozen=True)
 class TokenTree:
@@ -47,7 +49,7 @@ def build_tree(pending: int, spans: Sequence[Sequence[int]]) -> TokenTree:
         first = span[0] if span else None
         for other, other_path in zip(spans[:i], paths):
             if other and other[0] == first:  # (most spans part from the others at once)
-                common = common_prefix_length(other, span)
+                common = common_prefix(other, span)
                 if common > shared:
                     shared, path = common, other_path
         first = len(token_ids)  # the span's new nodes: first, first + 1, ...
@@ -57,13 +59,3 @@ def build_tree(pending: int, spans: Sequence[Sequence[int]]) -> TokenTree:
             parents[first] = path[shared]
         paths.append(path[: shared + 1] + list(range(first, first + len(span) - shared)))
     return TokenTree(token_ids, parents, paths)
-
-
-def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
-    """Tokens two spans share from their start."""
-    length = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        length += 1
-    return length

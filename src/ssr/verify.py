@@ -8,6 +8,8 @@ last target row gives a *bonus* token.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from dataclasses import dataclass
 
 import numpy as np
@@ -102,8 +104,8 @@ def verify_tree_sampled(spans: list[list[int]], target_probs: list[np.ndarray],
         alive, depth = following, depth + 1
 
 
-def common_prefix(span: list[int], emitted: list[int]) -> int:
-    """How many of span's first tokens equal the emitted tokens."""
+def common_prefix(span: Sequence[int], emitted: Sequence[int]) -> int:
+    """How many of span's first tokens equal the emitted tokens (the tokens two spans share)."""
     count = 0
     for mine, theirs in zip(span, emitted):
         if mine != theirs:

@@ -26,7 +26,7 @@ import time
 import numpy as np
 
 from ..costs import Costs
-from ..engines.base import EngineError
+from ..engines.base import TokenListTree
 from ..thinking import ThinkingFormat
 
 # placeholders the loop tokenizes; the engine maps them to the row's forced token ids
@@ -223,12 +223,10 @@ class ReplayEngine:
         return self._tokens[seq][start: start + len(forced)] == forced
 
 
-class TreeReplayEngine(ReplayEngine):
+class TreeReplayEngine(TokenListTree, ReplayEngine):
     """The replay engine with tree attention (tree.py): several candidate spans verified as one
     token tree on the parent in one pass, priced as a score pass over the tree's nodes (no fork
     each, nor a batched step of that many sequences)."""
-
-    _tree: tuple[int, list[int]] | None = None  # (sequence, node tokens) of the last score_tree
 
     def score_tree(self, seq: int, token_ids: Sequence[int], parents: Sequence[int], ids: bool = False,
                    banned=None) -> np.ndarray:
@@ -248,17 +246,9 @@ class TreeReplayEngine(ReplayEngine):
             tokens.append(token)  # (a child of the node before: its path goes on)
             out.append(self._predict(seq))
         del tokens[base:]
-        self._tree = (seq, list(token_ids))
+        self._hold_tree(seq, token_ids)
         self._since = time.perf_counter()
         return self._as(out, ids)
-
-    def keep_path(self, seq: int, nodes: Sequence[int]) -> None:
-        """After score_tree: seq keeps the tree's nodes along one path (root first)."""
-        tree_seq, token_ids = self._tree or (None, [])
-        if tree_seq != seq:
-            raise EngineError("keep_path follows a score_tree on the same sequence")
-        self._tokens[seq].extend(token_ids[node] for node in nodes)
-        self._tree = None
 
 
 def _with_last(tokens: list[int], last: int | None) -> list[int]:

@@ -183,3 +183,21 @@ class SequenceSlots:
 
     def live_sequences(self) -> int:
         return len(self._lengths)
+
+
+class TokenListTree:
+    """score_tree's bookkeeping for engines whose sequences are token lists (`_tokens`: the fake
+    engine, the replay): the tree last scored and `keep_path`."""
+
+    _tree: tuple[int, list[int]] | None = None  # (sequence, node tokens) of the last score_tree
+
+    def _hold_tree(self, seq: int, token_ids: Sequence[int]) -> None:
+        self._tree = (seq, list(token_ids))
+
+    def keep_path(self, seq: int, nodes: Sequence[int]) -> None:
+        """After score_tree: seq keeps the tree's nodes along one path (root first)."""
+        tree_seq, token_ids = self._tree or (None, [])
+        if tree_seq != seq:
+            raise EngineError("keep_path follows a score_tree on the same sequence")
+        self._tokens[seq].extend(token_ids[node] for node in nodes)
+        self._tree = None

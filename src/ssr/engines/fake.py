@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from .base import EngineError
+from .base import EngineError, TokenListTree
 
 
 class FakeEngine:
@@ -102,14 +102,10 @@ class FakeEngine:
         return logits.astype(np.float32)
 
 
-class FakeTreeEngine(FakeEngine):
+class FakeTreeEngine(TokenListTree, FakeEngine):
     """The fake model with tree attention (tree.py): `score_tree` feeds a token tree after a
     sequence's tokens, each node's logits those of the sequence + its ancestors + itself, and
     `keep_path` keeps one root-first path of it."""
-
-    def __init__(self, **options) -> None:
-        super().__init__(**options)
-        self._tree: tuple[int, list[int]] | None = None  # (sequence, node tokens) of the last score_tree
 
     def score_tree(self, seq: int, token_ids: Sequence[int], parents: Sequence[int]) -> np.ndarray:
         self.calls["score_tree"] += 1
@@ -119,15 +115,8 @@ class FakeTreeEngine(FakeEngine):
                 raise EngineError(f"node parent {parent}: parents come before their children")
             paths.append((paths[parent] if parent >= 0 else []) + [token])
             rows.append(self._logits(self._tokens[seq] + paths[-1]))
-        self._tree = (seq, list(token_ids))
+        self._hold_tree(seq, token_ids)
         return np.stack(rows)  # [n, vocab]
-
-    def keep_path(self, seq: int, nodes: Sequence[int]) -> None:
-        tree_seq, token_ids = self._tree or (None, [])
-        if tree_seq != seq:
-            raise EngineError("keep_path follows a score_tree on the same sequence")
-        self._tokens[seq].extend(token_ids[node] for node in nodes)
-        self._tree = None
 
 
 class FakeRequestsEngine:
