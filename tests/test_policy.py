@@ -52,6 +52,51 @@ def test_acceptance_stats_survival_curve():
     assert turned.probs(1)[0] < 0.6  # 20 successes then 5 failures: without decay 0.81
 
 
+
+def _km_oracle(stats, risk, fail, length):
+    """The class docstring's shrunk Kaplan-Meier, from counts decayed eagerly."""
+    weight, pooled = stats.prior_weight, None
+    pooled = (sum(fail[1:]) + weight * (1 - stats.prior_rate)) / (sum(risk[1:]) + weight)
+    out, survival = [], 1.0
+    for j in range(length):
+        if j < len(risk):
+            prior = weight * (1 - stats.prior_first) if j == 0 else weight * pooled
+            survival *= 1 - (fail[j] + prior) / (risk[j] + weight)
+        else:
+            survival *= 1 - ((1 - stats.prior_first) if j == 0 else pooled)
+        out.append(survival)
+    return out
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_acceptance_counts_decay_lazily_as_if_every_count_decayed_each_time(seed):
+    """Counts kept in shrinking units (folded back now and then) are the counts decayed at every
+    observation, and the curve is the Kaplan-Meier of those."""
+    import random
+
+    rng = random.Random(seed)
+    stats = AcceptanceStats(decay=rng.choice([0.5, 0.9]), prior_first=rng.random())
+    risk, fail = [], []
+    for step in range(2500):  # 0.5 ** 2500: the units fold several times
+        proposed = rng.randrange(1, 10)
+        accepted = rng.randrange(0, proposed + 1) if rng.random() < 0.5 else 0
+        stats.observe(proposed, accepted)
+        tried = min(proposed, accepted + 1)
+        risk = [count * stats.decay for count in risk] + [0.0] * max(0, tried - len(risk))
+        fail = [count * stats.decay for count in fail] + [0.0] * max(0, tried - len(fail))
+        for j in range(tried):
+            risk[j] += 1
+        if accepted < proposed:
+            fail[accepted] += 1
+        if step % 97 == 0 or step > 2490:
+            assert stats.at_risk == pytest.approx(risk, rel=1e-9, abs=1e-300)
+            assert stats.failed == pytest.approx(fail, rel=1e-9, abs=1e-300)
+            assert stats.probs(12) == pytest.approx(_km_oracle(stats, risk, fail, 12), rel=1e-9)
+    carried = stats.carried(0.75)
+    assert carried.at_risk == pytest.approx([count * 0.75 for count in risk], rel=1e-9)
+    carried.observe(3, 0)
+    assert stats.at_risk == pytest.approx(risk, rel=1e-9)  # a copy: the original is untouched
+
 # -- the drafting plan (--policy auto) ----------------------------------------------------
 
 from ssr.config import GenerationConfig  # noqa: E402
@@ -327,6 +372,7 @@ PRIORS = [  # (source, its first-token prior): m / (m + 2) for m tokens matched
     ("suffix/0", 1 / 3), ("suffix/1", 4 / 6), ("suffix/2~", 8 / 10), ("suffix/3", 16 / 18),
     ("suffix/9", 16 / 18),  # past the last bucket: its shortest match
     ("suffix", 0.9), ("draft", 0.9), ("", 0.9), ("lookup/x", 0.9),  # no match named
+    ("frequent", 0.05),  # follows no match: its own measured prior (UNMATCHED_PRIORS)
 ]
 
 

@@ -3,7 +3,7 @@ import random
 import numpy as np
 import pytest
 
-from ssr.proposers import LookupProposer, PromptLookupProposer, SuffixProposer, vllm_ngram
+from ssr.proposers import FrequentTokens, LookupProposer, PromptLookupProposer, SuffixProposer, vllm_ngram
 from ssr.config import SuffixParams
 from ssr.suffix_tree import SuffixTree
 
@@ -267,3 +267,60 @@ def test_lookup_offers_every_other_way_an_n_gram_went():
     proposer = LookupProposer([1, 2, 3, 1, 2, 4, 1, 2, 5, 1, 2, 6, 1, 2], max_ngram=2, num_tokens=1, others=4)
     # "1 2" went on 3 (earliest), 6 (latest), 5 (the time before); then the other ways: 4
     assert proposer.candidates(1) == [("lookup/2", [3]), ("recent/2", [6]), ("recent/2", [5]), ("other/2", [4])]
+
+
+def _frequent_oracle(tokens, size):
+    """The `size` most frequent tokens, most first; among equal counts the one that reached its
+    count first."""
+    counts, reached = {}, {}
+    for at, token in enumerate(tokens):
+        counts[token] = counts.get(token, 0) + 1
+        reached[token] = at
+    return sorted(counts, key=lambda token: (-counts[token], reached[token]))[:size]
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_frequent_tokens_match_brute_force(seed):
+    rng = random.Random(seed)
+    size = rng.randrange(1, 6)
+    frequent, tokens = FrequentTokens(size), []
+    for _ in range(200):
+        token = int(rng.paretovariate(1.2)) % 12  # skewed: a few common tokens, a tail of rare ones
+        frequent.count(token)
+        tokens.append(token)
+        assert frequent.top == _frequent_oracle(tokens, size)
+
+
+def test_frequent_tokens_off_counts_nothing():
+    frequent = FrequentTokens(0)
+    frequent.count(3)
+    assert frequent.top == [] and frequent.counts == {}
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_lookup_frequent_candidates_match_brute_force(seed):
+    """With `frequent`, the n-gram candidates come first as without it, then the context's
+    commonest tokens no candidate starts with, each with what followed its latest occurrence;
+    where no n-gram matches, those alone."""
+    rng = random.Random(seed)
+    tokens = [rng.randrange(8) for _ in range(rng.randrange(1, 12))]
+    proposer = LookupProposer(tokens, max_ngram=3, num_tokens=6, others=2, frequent=3)
+    plain = LookupProposer(tokens, max_ngram=3, num_tokens=6, others=2)
+    for _ in range(40):
+        limit = rng.randrange(1, 9)
+        first, context = plain.candidates(limit), proposer.tokens
+        offered = {span[0] for _, span in first}
+        latest = {token: at for at, token in enumerate(context)}
+        expected = first + [("frequent", context[latest[token]: latest[token] + min(limit, 6)])
+                            for token in _frequent_oracle(context, 3) if token not in offered]
+        assert proposer.candidates(limit) == expected
+        new = [rng.randrange(8) for _ in range(rng.randrange(1, 3))]
+        proposer.observe(new)
+        plain.observe(new)
+
+
+def test_lookup_offers_frequent_tokens_where_no_n_gram_matches():
+    proposer = LookupProposer([5, 1, 5, 2, 5, 3], max_ngram=2, num_tokens=2, frequent=2)
+    proposer.observe([9])  # 9 occurs nowhere before: no n-gram matches
+    # 5 is the commonest (latest at 4: "5 3"), then 1 (reached 1 first of the tokens counted once)
+    assert proposer.candidates(2) == [("frequent", [5, 3]), ("frequent", [1, 5])]

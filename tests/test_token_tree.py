@@ -16,6 +16,7 @@ from ssr.engines.fake import FakeEngine, FakeTreeEngine
 from ssr.spans import MAX_TREE_CANDIDATES
 from ssr.thinking import FORMATS
 from ssr.tree import build_tree
+from ssr.verify import verify_greedy, verify_tree_greedy
 
 FMT = FORMATS["code"]
 PROMPTS = [[ord(c) for c in text] for text in ("Please complete the class Stack.", "abcabcabcabc abc",
@@ -26,6 +27,25 @@ def _brute_nodes(pending, spans):
     """Every distinct prefix of [pending] + span, as tuples."""
     return {tuple([pending] + list(span[:k])) for span in spans for k in range(len(span) + 1)}
 
+
+
+@pytest.mark.parametrize("seed", range(30))
+@pytest.mark.parametrize("as_logits", [False, True], ids=["ids", "logits"])
+def test_tree_walk_verifies_each_candidate_as_verify_greedy_on_its_path(seed, as_logits):
+    rng = random.Random(seed)
+    spans = [[rng.randrange(3) for _ in range(rng.randrange(1, 6))] for _ in range(rng.randrange(1, 7))]
+    tree = build_tree(7, spans)
+    target = np.array([rng.randrange(3) for _ in tree.token_ids])  # [n] the token after each node
+    if as_logits:  # [n, vocab]: the argmax is the target token
+        target = np.eye(4)[target] + rng.random() * 0.5
+    verdicts = verify_tree_greedy(tree.token_ids, tree.paths, target)
+    assert verdicts == [verify_greedy(span, target[path]) for span, path in zip(spans, tree.paths)]
+
+
+def test_tree_walk_refuses_rows_that_are_not_the_nodes():
+    tree = build_tree(7, [[1, 2], [3]])
+    with pytest.raises(ValueError, match="4 tree nodes"):
+        verify_tree_greedy(tree.token_ids, tree.paths, np.zeros(3, dtype=int))
 
 @pytest.mark.parametrize("seed", range(30))
 def test_tree_is_the_trie_of_the_spans(seed):

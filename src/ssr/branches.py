@@ -15,7 +15,7 @@ from .engines.base import tree_passes
 from .metrics import StageClock
 from .sampling import target_probs
 from .tree import TokenTree, build_tree
-from .verify import Verdict, common_prefix, verify_tree_sampled
+from .verify import Verdict, common_prefix, verify_tree_greedy, verify_tree_sampled
 
 
 class Branches:
@@ -27,14 +27,21 @@ class Branches:
         """Score every candidate span in one pass (a living child's step beside them), verify each
         (thinking: under the CoT's banned tokens) and keep the winning branch as the parent:
         (the winner's index, every candidate's verdict)."""
-        scored = self._score_candidates(pending, [span for _, span in proposals], child, clock, thinking)
-        for rows in scored if thinking else ():  # [k_i + 1, vocab] each (ids: masked by the engine)
-            if rows.ndim == 2:
-                rows[:, self.banned_ids] = -np.inf
+        spans = [span for _, span in proposals]
+        if child is None and len(spans) > 1 and tree_passes(self.engine):  # one pass over the trie's nodes
+            rows = self._score_tree(pending, spans, thinking)  # [n, vocab] or [n]
+            if self.config.sampling.greedy:  # one walk down the tree
+                verdicts = verify_tree_greedy(self._tree.token_ids, self._tree.paths, rows)
+                return self._keep_branch(verdicts), verdicts
+            scored = [rows[path] for path in self._tree.paths]  # [k_i + 1, vocab]: fancy indexing copies
+        else:
+            scored = self._score_candidates(pending, spans, child, clock, thinking)
+            for each in scored if thinking else ():  # [k_i + 1, vocab] each (ids: masked by the engine)
+                if each.ndim == 2:
+                    each[:, self.banned_ids] = -np.inf
         if self.config.sampling.greedy or len(proposals) == 1:
             verdicts = [self._verdict(span, rows) for (_, span), rows in zip(proposals, scored)]
             return self._keep_branch(verdicts), verdicts
-        spans = [span for _, span in proposals]  # sampling: one walk down the candidates' token tree
         won, verdict = verify_tree_sampled(spans, [target_probs(rows, self.config.sampling) for rows in scored],
                                            self.rng)
         emitted = spans[won][: verdict.num_accepted] + [verdict.next_token]
@@ -46,16 +53,10 @@ class Branches:
     def _score_candidates(self, pending: int, spans: list[list[int]], child: Draft | None = None,
                           clock: StageClock | None = None, thinking: bool = False) -> list[np.ndarray]:
         """[pending] + each span scored in one forward pass -> rows [k_i + 1, vocab] (or token ids
-        [k_i + 1]) per span: on an engine with tree attention and no child alive, the spans'
-        token tree on the parent (engine.score_tree); else the first span on the parent, each
-        other on a fresh fork of it (a branch), a living child's next step in the same pass
-        (engine.score_batch)."""
+        [k_i + 1]) per span: the first span on the parent, each other on a fresh fork of it (a
+        branch), a living child's next step in the same pass (engine.score_batch)."""
         if len(spans) == 1 and child is None:
             return [self._score(self.parent, [pending] + spans[0], thinking=thinking).copy()]
-        if child is None and tree_passes(self.engine):  # one sequence, one pass over the trie's nodes
-            self._tree = tree = build_tree(pending, spans)
-            rows = self.engine.score_tree(self.parent, tree.token_ids, tree.parents, **self._want(thinking))
-            return [rows[path] for path in tree.paths]  # [k_i + 1, vocab] or [k_i + 1]: fancy indexing copies
         self._forks = [self._own(self.engine.fork(self.parent)) for _ in spans[1:]]
         feeds = [(seq, [pending] + span) for seq, span in zip([self.parent] + self._forks, spans)]
         if child is not None:
@@ -66,6 +67,17 @@ class Branches:
             child.written += 1
             self._grow_draft(child, rows[-1][0], clock)
         return rows[: len(spans)]
+
+    def _score_tree(self, pending: int, spans: list[list[int]], thinking: bool = False) -> np.ndarray:
+        """The spans' token tree after [pending] on the parent in one pass (engine.score_tree;
+        tree.build_tree) -> rows [n, vocab] per node, banned tokens masked while thinking, or
+        token ids [n] (masked by the engine)."""
+        self._tree = tree = build_tree(pending, spans)
+        rows = self.engine.score_tree(self.parent, tree.token_ids, tree.parents, **self._want(thinking))
+        if thinking and rows.ndim == 2:
+            rows = rows.copy()
+            rows[:, self.banned_ids] = -np.inf
+        return rows
 
     def _keep_branch(self, verdicts: list[Verdict], won: int | None = None) -> int:
         """The candidate that accepted most (the first of equals), or `won`; its sequence becomes

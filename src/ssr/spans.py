@@ -29,15 +29,38 @@ def best_span_length(accept_probs: Sequence[float], costs: CostModel) -> int:
 def best_span(accept_probs: Sequence[float], costs: CostModel, priced: list[float] | None = None) -> tuple[int, float]:
     """(best length, its expected tokens per second); length 0 is a plain step. priced: the
     costs of passes over 1, 2, ... tokens (CostModel.costs), when the caller has them."""
+    return best_spans(accept_probs, costs, priced)[-1]
+
+
+def best_spans(accept_probs: Sequence[float], costs: CostModel, priced: list[float] | None = None,
+               floors: list[float] | None = None) -> list[tuple[int, float]]:
+    """best_span of every prefix of accept_probs in one walk: [L] is best_span(accept_probs[:L])
+    (spans of one source cut at different lengths share their curve). floors: [k] the least of
+    priced[k:] (pass_floors), when the caller has them. The walk stops where no longer span can
+    do better: accept_probs never grows, so past length k a span adds at most accept_probs[k - 1]
+    a token, and its pass costs at least floors[k + 1]."""
     if priced is None or len(priced) < len(accept_probs) + 1:
-        priced = costs.costs(len(accept_probs) + 1)  # [k - 1]: a pass over k tokens
-    best_len, best_rate, length = 0, 1.0 / priced[0], 0
-    for expected, cost in zip(accumulate(accept_probs), priced[1:]):  # pending token + span in one pass
+        priced, floors = costs.costs(len(accept_probs) + 1), None  # [k - 1]: a pass over k tokens
+    if floors is None or len(floors) != len(priced):
+        floors = pass_floors(priced)
+    best_len, best_rate, length, expected, total = 0, 1.0 / priced[0], 0, 0.0, len(accept_probs)
+    out = [(best_len, best_rate)]
+    for prob, cost in zip(accept_probs, priced[1:]):  # pending token + span in one pass
         length += 1
+        expected += prob
         rate = (1.0 + expected) / cost
         if rate > best_rate:  # the first of equals: the shortest
             best_len, best_rate = length, rate
-    return best_len, best_rate
+        out.append((best_len, best_rate))
+        if length < total and (1.0 + expected + (total - length) * prob) / floors[length + 1] <= best_rate:
+            out.extend([(best_len, best_rate)] * (total - length))  # nothing longer beats it
+            break
+    return out
+
+
+def pass_floors(priced: list[float]) -> list[float]:
+    """[k]: the least of priced[k:] (the cheapest pass over k + 1 tokens or more)."""
+    return list(accumulate(reversed(priced), min))[::-1]
 
 
 MAX_BRANCHES = 6  # candidate spans verified in one pass at most, each on its own fork (cheap verification)
@@ -81,26 +104,54 @@ class AcceptanceStats:
     prior_first: float = 0.9  # the prior's chance that the span's first token is accepted
     prior_rate: float = 0.65  # the prior's chance to accept each later token given the ones before
     decay: float = 0.9  # weight of the spans seen so far when a new one is observed
-    at_risk: list[float] = field(default_factory=list)  # [j]: spans that tried token j
-    failed: list[float] = field(default_factory=list)  # [j]: of those, rejected token j
+    # the counts, decayed lazily: a count is its units x `unit`; a new span shrinks `unit` by
+    # `decay` (every earlier span weighs less at once) and adds 1 / unit to the positions it
+    # tried, so an observation costs O(tokens tried), not O(positions ever tried)
+    risk_units: list[float] = field(default_factory=list)  # [j]: spans that tried token j, in units
+    fail_units: list[float] = field(default_factory=list)  # [j]: of those, rejected token j, in units
+    tail_risk_units: float = 0.0  # sum of risk_units[1:]
+    tail_fail_units: float = 0.0  # sum of fail_units[1:]
+    unit: float = 1.0  # what one unit counts now
+
+    @property
+    def at_risk(self) -> list[float]:
+        """[j]: spans that tried token j (decayed)."""
+        return [count * self.unit for count in self.risk_units]
+
+    @property
+    def failed(self) -> list[float]:
+        """[j]: spans that tried token j and had it rejected (decayed)."""
+        return [count * self.unit for count in self.fail_units]
 
     def observe(self, num_proposed: int, num_accepted: int) -> None:
         self.__dict__.pop("_curve", None)  # the curve changes
         tried = min(num_proposed, num_accepted + 1)
-        decay, at_risk = self.decay, self.at_risk
-        if tried > len(at_risk):
-            at_risk = at_risk + [0.0] * (tried - len(at_risk))
-            self.failed = self.failed + [0.0] * (tried - len(self.failed))
-        self.at_risk = [count * decay + 1.0 for count in at_risk[:tried]] + [count * decay for count in at_risk[tried:]]
-        self.failed = [count * decay for count in self.failed]
+        self.unit *= self.decay
+        if self.unit < 1e-200:  # units this large lose nothing yet; fold them back before they overflow
+            self._fold()
+        add, risk, fail = 1.0 / self.unit, self.risk_units, self.fail_units
+        if tried > len(risk):
+            risk.extend([0.0] * (tried - len(risk)))
+            fail.extend([0.0] * (tried - len(fail)))
+        for j in range(tried):
+            risk[j] += add
+        self.tail_risk_units += add * max(0, tried - 1)
         if num_accepted < num_proposed:
-            self.failed[num_accepted] += 1
+            fail[num_accepted] += add
+            if num_accepted:
+                self.tail_fail_units += add
+
+    def _fold(self) -> None:
+        """The units times `unit`, and `unit` back to 1 (the counts are unchanged)."""
+        self.risk_units, self.fail_units = self.at_risk, self.failed
+        self.tail_risk_units, self.tail_fail_units = sum(self.risk_units[1:]), sum(self.fail_units[1:])
+        self.unit = 1.0
 
     def carried(self, weight: float) -> AcceptanceStats:
         """A copy whose spans weigh `weight` as much: what the next request starts from (the prior
         regains ground, so a source that failed in earlier requests is tried again later)."""
-        return replace(self, at_risk=[count * weight for count in self.at_risk],
-                       failed=[count * weight for count in self.failed])
+        return replace(self, risk_units=list(self.risk_units), fail_units=list(self.fail_units),
+                       unit=self.unit * weight)
 
     def probs(self, length: int) -> list[float]:
         """S(1) .. S(length), from a curve computed once per observation (every candidate of a pass
@@ -113,19 +164,19 @@ class AcceptanceStats:
     def _survival(self, length: int) -> list[float]:
         """Kaplan-Meier with shrinkage (the class docstring): [length]. Positions no span tried
         yet take the shrunk hazard itself (what the formula gives them)."""
-        prior_hazard, weight = 1.0 - self.prior_rate, self.prior_weight
+        prior_hazard, weight, unit = 1.0 - self.prior_rate, self.prior_weight, self.unit
         first_hazard = 1.0 - self.prior_first
-        at_risk, failed = self.at_risk, self.failed
-        pooled = (sum(failed[1:]) + weight * prior_hazard) / (sum(at_risk[1:]) + weight)
+        at_risk, failed = self.risk_units, self.fail_units  # in units
+        pooled = (self.tail_fail_units * unit + weight * prior_hazard) / (self.tail_risk_units * unit + weight)
         tried = min(length, len(at_risk))
         out: list[float] = []
         survival = 1.0
         if tried:
-            survival = 1.0 - (failed[0] + weight * first_hazard) / (at_risk[0] + weight)
+            survival = 1.0 - (failed[0] * unit + weight * first_hazard) / (at_risk[0] * unit + weight)
             out.append(survival)
         shrunk = weight * pooled
         for risk, fail in zip(at_risk[1:tried], failed[1:tried]):
-            survival *= 1.0 - (fail + shrunk) / (risk + weight)
+            survival *= 1.0 - (fail * unit + shrunk) / (risk * unit + weight)
             out.append(survival)
         if len(out) < length:  # untried positions
             survival *= 1.0 - (first_hazard if not out else pooled)
@@ -139,6 +190,12 @@ def _priced(priced: list[float], costs: CostModel, num_tokens: int) -> float:
     return priced[num_tokens - 1] if 0 < num_tokens <= len(priced) else costs.cost(num_tokens)
 
 
+# sources whose spans follow no context match, and their first token's prior: "frequent" (one of
+# the context's 8 commonest tokens, proposers.FrequentTokens): the 8 together held the next token
+# 22-28% of the time on the development traces, ~3.5% each
+UNMATCHED_PRIORS = {"frequent": 0.05}
+
+
 def first_token_prior(source: str) -> float:
     """The prior chance that a source's first token is right, from the match its spans follow:
     m / (m + 2) for m tokens of context matched (a lookup of n tokens: m = n; a suffix span: its
@@ -148,7 +205,9 @@ def first_token_prior(source: str) -> float:
     8-15, 93% after 16+ — m / (m + 2) gives 33, 50, 60, 67, 80, 89%. A prior no higher than what
     a source delivers keeps it from being tried at a loss where a failed token costs half a
     step (CPUs); where verifying is cheap (GPUs) every source is tried anyway. Sources that
-    name no match: 0.9."""
+    follow no match at all (UNMATCHED_PRIORS): their own; other sources that name no match: 0.9."""
+    if source in UNMATCHED_PRIORS:
+        return UNMATCHED_PRIORS[source]
     name, _, tail = source.rstrip("~").rpartition("/")
     if not tail.isdigit():
         return 0.9
@@ -207,12 +266,14 @@ class SpanPolicy:
         with the chosen ones. [] for a plain step."""
         ranked = []  # (tokens per second, source, cut span) of every span worth a pass alone
         priced = self.costs.costs(max(len(span) for _, span in candidates) + 1) if candidates else []
-        best: dict[tuple[str, int], tuple[int, float]] = {}  # (source, span length) -> best_span: sources repeat
+        longest: dict[str, int] = {}  # source -> its longest span here (sources repeat)
         for source, span in candidates:
-            key = (source, len(span))
-            if key not in best:
-                best[key] = best_span(self.stats[source].probs(len(span)), self.costs, priced)
-            length, rate = best[key]
+            longest[source] = max(longest.get(source, 0), len(span))
+        floors = pass_floors(priced)
+        best = {source: best_spans(self.stats[source].probs(length), self.costs, priced, floors)
+                for source, length in longest.items()}  # source -> [span length] -> best_span
+        for source, span in candidates:
+            length, rate = best[source][len(span)]
             if length:
                 ranked.append((rate, source, span[:length]))
         ranked.sort(key=lambda each: -each[0])  # stable: the first of equals stays first
@@ -229,23 +290,29 @@ class SpanPolicy:
         chosen ones (priced: the costs of passes over 1, 2, ... tokens)."""
         step_s, fed = priced[0], len(chosen[0][1]) + 1  # a plain step; tokens in the pass so far
         misses = [1.0 - self.stats[chosen[0][0]].probs(1)[0]]  # each chosen one's first-token miss chance
+        all_miss = misses[0]  # the product of misses: every chosen one fails at its first token
+        starts = {chosen[0][1][0]}  # the chosen ones' first tokens
         for _, source, span in ranked:
             if len(chosen) >= max_count:
                 break
-            first = span[0]  # (most candidates part from the others at once)
-            shared = [0 if other[0] != first else common_prefix(other, span) for _, other in chosen]
-            most = max(shared)
-            if most == len(span):  # nothing a chosen one does not try
-                continue
-            miss = 1.0  # every chosen one fails where this one parts from it (forks: at its first token)
-            for (other, _), first_miss, common in zip(chosen, misses, shared):
-                miss *= first_miss if not tree or common == 0 else self._parting_miss(other, common)
+            first = span[0]  # (most candidates part from the others at once: all_miss is theirs)
+            most, miss = 0, all_miss
+            if first in starts:
+                shared = [0 if other[0] != first else common_prefix(other, span) for _, other in chosen]
+                most = max(shared)
+                if most == len(span):  # nothing a chosen one does not try
+                    continue
+                miss = 1.0  # every chosen one fails where this one parts from it (forks: at its first token)
+                for (other, _), first_miss, common in zip(chosen, misses, shared):
+                    miss *= first_miss if not tree or common == 0 else self._parting_miss(other, common)
             probs = self.stats[source].probs(len(span))
             expected = sum(probs[most:]) if tree else sum(probs)
             added = len(span) - most if tree else len(span) + 1  # tokens it adds to the pass
             if miss * expected * step_s > _priced(priced, self.costs, fed + added) - _priced(priced, self.costs, fed):
                 chosen.append((source, span))
                 misses.append(1.0 - probs[0])
+                all_miss *= misses[-1]
+                starts.add(first)
                 fed += added
         return chosen
 

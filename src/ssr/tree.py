@@ -44,14 +44,15 @@ def build_tree(pending: int, spans: Sequence[Sequence[int]]) -> TokenTree:
     Each span joins the tree where it parts from the earlier span it shares most with; its
     other tokens are new nodes in a row (O(spans^2) prefix checks, list copies otherwise)."""
     token_ids, parents, paths = [pending], [-1], []
+    by_first: dict[int, list[int]] = {}  # first token -> the earlier spans starting with it
     for i, span in enumerate(spans):
         shared, path = 0, [0]  # tokens shared with an earlier span, and that span's path
-        first = span[0] if span else None
-        for other, other_path in zip(spans[:i], paths):
-            if other and other[0] == first:  # (most spans part from the others at once)
-                common = common_prefix(other, span)
-                if common > shared:
-                    shared, path = common, other_path
+        for earlier in by_first.setdefault(span[0], []) if span else ():  # (most spans part at once)
+            common = common_prefix(spans[earlier], span)
+            if common > shared:
+                shared, path = common, paths[earlier]
+        if span:
+            by_first[span[0]].append(i)
         first = len(token_ids)  # the span's new nodes: first, first + 1, ...
         token_ids.extend(span[shared:])
         parents.extend(range(first - 1, first - 1 + len(span) - shared))

@@ -40,6 +40,25 @@ def verify_greedy(draft_ids: np.ndarray | list[int], target: np.ndarray) -> Verd
     return Verdict(num_accepted, target_ids[num_accepted], num_accepted < num_draft)
 
 
+def verify_tree_greedy(token_ids: Sequence[int], paths: Sequence[Sequence[int]], target: np.ndarray) -> list[Verdict]:
+    """verify_greedy of every candidate of a token tree from one pass over its nodes.
+
+    token_ids: [n] node tokens (tree.TokenTree); paths: [c] each candidate's nodes, the root
+    first; target: logits [n, vocab] (row i predicts the token after node i) or the argmax ids
+    [n]. Candidate c's verdict is verify_greedy(its span, target[paths[c]]): one argmax over
+    the nodes, then a walk down each path while its tokens are the ones predicted."""
+    if len(target) != len(token_ids):
+        raise ValueError(f"target has {len(target)} rows for {len(token_ids)} tree nodes")
+    target_ids = (target if target.ndim == 1 else np.argmax(target, axis=-1)).tolist()  # [n]
+    verdicts = []
+    for path in paths:
+        num_accepted, last = 0, len(path) - 1
+        while num_accepted < last and token_ids[path[num_accepted + 1]] == target_ids[path[num_accepted]]:
+            num_accepted += 1
+        verdicts.append(Verdict(num_accepted, target_ids[path[num_accepted]], num_accepted < last))
+    return verdicts
+
+
 def verify_sampled(
     draft_ids: np.ndarray,
     draft_probs: np.ndarray | None,
