@@ -7,8 +7,9 @@ import pytest
 from scipy.stats import chi2_contingency
 
 from ssr.config import GenerationConfig, SamplingParams, SuffixParams
+from ssr.costs import CostModel, gpu_preset
 from ssr.decode import Generation
-from ssr.engines.fake import FakeEngine
+from ssr.engines.fake import FakeEngine, FakeTreeEngine
 from ssr.thinking import FORMATS
 
 FMT = FORMATS["code"]
@@ -132,7 +133,7 @@ def test_natural_end_marker_stops_thinking():
     del engine
 
 
-def answer_prefix_counts(mode, verify, seeds, positions=2, drift=1.5):
+def answer_prefix_counts(mode, verify, seeds, positions=2, drift=1.5, engine=FakeEngine):
     counts = Counter()
     for seed in seeds:
         config = GenerationConfig(
@@ -140,8 +141,7 @@ def answer_prefix_counts(mode, verify, seeds, positions=2, drift=1.5):
             sampling=SamplingParams(temperature=1.0, seed=seed), verify=verify,
             suffix=SuffixParams(max_depth=8, max_span=4),
         )
-        engine = FakeEngine(order=2, drift=drift)
-        counts[tuple(Generation(engine, FMT, config, PROMPT).run().answer_ids)] += 1
+        counts[tuple(Generation(engine(order=2, drift=drift), FMT, config, PROMPT).run().answer_ids)] += 1
     return counts
 
 
@@ -160,3 +160,29 @@ def test_sampling_distribution_matches_plain_decoding():
     ar = answer_prefix_counts("ar", "exact", range(0, 1500))
     ssr = answer_prefix_counts("ssr", "exact", range(10000, 11500))
     assert contingency_p(ar, ssr) > 1e-3
+
+
+def output_prefix_counts(mode, seeds, engine, positions=3):
+    """Counts of the output's first CoT tokens, GPU-like costs (several candidates a pass)."""
+    counts = Counter()
+    for seed in seeds:
+        config = GenerationConfig(mode=mode, thinking_budget=8, draft_at=7, draft_tokens=4, max_tokens=2,
+                                  policy="fixed", sampling=SamplingParams(temperature=1.0, seed=seed),
+                                  suffix=SuffixParams(max_depth=8, max_span=4))
+        result = Generation(engine(order=2, drift=1.5), FMT, config, PROMPT, costs=CostModel(table=gpu_preset())).run()
+        counts[tuple(result.cot_ids[:positions])] += 1
+    return counts
+
+
+def test_sampling_distribution_on_a_tree_engine_matches_plain_decoding():
+    """The same where several candidates a pass are verified as one token tree (an engine with
+    tree attention; verify.verify_tree_sampled), over the CoT's first tokens; the trees ran."""
+    engines = []
+
+    def tree_engine(**options):
+        engines.append(FakeTreeEngine(**options))
+        return engines[-1]
+
+    ssr = output_prefix_counts("ssr", range(20000, 21500), tree_engine)
+    assert sum(engine.calls["score_tree"] for engine in engines) > 1000
+    assert contingency_p(output_prefix_counts("ar", range(0, 1500), FakeEngine), ssr) > 1e-3
