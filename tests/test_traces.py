@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from ssr.bench.replay import ReplayEngine, RowModel
-from ssr.bench.trace_replay import TRACE_MODES, CostSetting, pass_table, replay_all, replay_trace
+from ssr.bench.trace_replay import TRACE_MODES, CostSetting, pass_table, replay_all, replay_trace, seconds_at_step
 from ssr.bench.traces import load_traces, parse_trace, read_traces, tokenize_trace
 from ssr.cli import main
 from ssr.config import ConfigError
@@ -125,6 +125,19 @@ def test_every_mode_and_order_replays_the_trace_token_for_token(tmp_path):
     assert table[("cold)", "ar")]["cot_per_pass"] == 1.0 and table[("cold)", "ssr")]["cot_per_pass"] > 1.5
     assert table[("cold)", "ar")]["ratio_at_step"] == 1.0
 
+
+
+AT_STEP = [  # (host on the clock, total s, host s, step s) -> seconds at a 6 ms step
+    (None, 1.5, 0.3, 0.015, 1.5 * 0.4 + 0.3),  # off: the modelled clock scaled, host added
+    ("measured", 1.5, 0.3, 0.015, 1.2 * 0.4 + 0.3),  # on the clock: taken out, scaled, added once
+    (0.002, 1.5, 0.3, 0.006, 1.5),  # a fixed figure a pass at a 6 ms step: as it stands
+]
+
+
+@pytest.mark.parametrize("on_clock,total_s,host_s,step_s,expected", AT_STEP)
+def test_host_time_is_added_once_at_the_step(on_clock, total_s, host_s, step_s, expected):
+    row = {"metrics": {"total_s": total_s}, "step_s": step_s, "host": {"s": host_s, "on_clock": on_clock}}
+    assert seconds_at_step(row, 6.0) == pytest.approx(expected)
 
 def test_deployment_order_copies_from_earlier_responses(tmp_path):
     vocab = WordVocab()

@@ -114,14 +114,20 @@ def replay_all(traces: Sequence[TokenTrace], modes: Sequence[str], settings: Seq
     return rows
 
 
+def seconds_at_step(row: dict, step_ms: float) -> float:
+    """A row's seconds with the cost table scaled so a step takes step_ms, and the loop's host
+    time added once: where the replay put it on the modelled clock (`--host`) it is taken out
+    before the scaling (host time is absolute) and added back after."""
+    host_s = row["host"]["s"]
+    modelled_s = row["metrics"]["total_s"] - (host_s if row["host"].get("on_clock") is not None else 0.0)
+    return modelled_s * (step_ms / 1e3) / row["step_s"] + host_s
+
+
 def pass_table(rows: list[dict], step_ms: float = 6.0) -> list[dict]:
     """Per (suite, engine, mode): output tokens per forward pass in the CoT and the answer, the
     loop's host milliseconds per pass, and the median ratio to `ar` with the host time added at
     a step of `step_ms` (the cost table scaled so a step takes step_ms)."""
     import statistics
-
-    def at_step(row: dict) -> float:
-        return row["metrics"]["total_s"] * (step_ms / 1e3) / row["step_s"] + row["host"]["s"]
 
     ar = {(r["suite"], r["engine"], r["item"]): r for r in rows if r["mode"] == "ar"}
     groups: dict[tuple, list[dict]] = defaultdict(list)
@@ -132,7 +138,7 @@ def pass_table(rows: list[dict], step_ms: float = 6.0) -> list[dict]:
         cot_passes = sum(r["metrics"]["cot_steps"] + r["metrics"]["cot_passes"] for r in group)
         answer_passes = sum(r["metrics"]["decode_steps"] - r["metrics"]["cot_steps"] + r["metrics"]["verify_passes"]
                             + 1 for r in group)  # + the pass that closes the CoT and gives the first answer token
-        ratios = [at_step(r) / at_step(ar[(suite, engine, r["item"])]) for r in group
+        ratios = [seconds_at_step(r, step_ms) / seconds_at_step(ar[(suite, engine, r["item"])], step_ms) for r in group
                   if (suite, engine, r["item"]) in ar]
         table.append({
             "suite": suite, "engine": engine, "mode": mode, "runs": len(group),
