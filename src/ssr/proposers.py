@@ -285,7 +285,6 @@ class LookupProposer(PromptLookupProposer):
                     out.append((f"other/{size}", tokens[start + size: start + size + limit]))
         return out
 
-
     def _frequent(self, offered: set[int], limit: int) -> list[tuple[str, list[int]]]:
         """The context's most frequent tokens no candidate offers yet, most frequent first, each
         followed by what followed its latest occurrence ("frequent": no context matched)."""

@@ -42,7 +42,8 @@ def build_tree(pending: int, spans: Sequence[Sequence[int]]) -> TokenTree:
     """The trie of [pending] + each span: a prefix shared by several spans is one run of nodes.
     Nodes are numbered in the order the spans first reach them (a parent before its children).
     Each span joins the tree where it parts from the earlier span it shares most with; its
-    other tokens are new nodes in a row (O(spans^2) prefix checks, list copies otherwise)."""
+    other tokens are new nodes in a row (prefix checks against the earlier spans with the same
+    first token only, list copies otherwise)."""
     token_ids, parents, paths = [pending], [-1], []
     by_first: dict[int, list[int]] = {}  # first token -> the earlier spans starting with it
     for i, span in enumerate(spans):
