@@ -210,7 +210,7 @@ def test_drain_lets_running_requests_finish_and_refuses_new_ones():
         replies = []
         worker = threading.Thread(target=lambda: replies.append(http.post("/v1/chat/completions", json=CHAT)))
         worker.start()
-        wait_until(lambda: app.state.scheduler.running is not None)  # it is running now
+        wait_until(lambda: app.state.scheduler.running > 0)  # it is running now
         outcome = {}
         drain = threading.Thread(target=lambda: outcome.update(app.state.scheduler.drain(grace_s=30)))
         drain.start()
@@ -239,7 +239,7 @@ def test_drain_past_its_grace_cancels_with_503_and_frees_sequences():
         workers = [threading.Thread(target=stream),  # running, mid-stream at the drain
                    threading.Thread(target=lambda: replies.append(http.post("/v1/chat/completions", json=CHAT)))]
         workers[0].start()
-        wait_until(lambda: scheduler.running is not None)  # states, not sleeps: a first request may
+        wait_until(lambda: scheduler.running > 0)  # states, not sleeps: a first request may
         workers[1].start()  # spend seconds on a one-time cost probe
         wait_until(lambda: scheduler.waiting == 1)
         outcome = scheduler.drain(grace_s=0.0)

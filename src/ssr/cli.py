@@ -77,6 +77,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     serve.add_argument("--port", type=int, default=8000, help="port (default 8000)")
     serve.add_argument("--max-queue", type=int, default=16, help="requests that may wait; more get 429")
+    serve.add_argument("--max-concurrency", type=int, default=None,
+                       help="requests decoded at once (default: the engine's slots: 1 on llama.cpp and "
+                            "transformers, vLLM's max_num_seqs / 2 on vllm, a walk holding a parent and a child)")
     serve.add_argument("--request-timeout", type=float, default=600.0, help="seconds per request, queue included")
     serve.add_argument("--served-model-name", default=None, help="model id clients send (default: --model)")
     serve.add_argument("--api-key", default=os.environ.get("SSR_API_KEY"),
@@ -117,9 +120,11 @@ def add_model_arguments(parser: argparse.ArgumentParser, several_engines: bool =
                       help="turn vLLM's prefix cache off (children then recompute the parent's prompt and CoT)")
     vllm.add_argument("--distributed-executor-backend", default=None, choices=("mp", "ray"),
                       help="vLLM's executor: mp (one node) or ray (several nodes; start the Ray cluster first)")
-    vllm.add_argument("--speculative-method", default=None,
-                      help="vLLM's own speculation of every output token, composed with the drafts "
-                           "(suffix: needs arctic-inference, see README; ngram)")
+    vllm.add_argument("--speculative-method", default=None, choices=("ssr", "suffix", "ngram", "none"),
+                      help="speculation of every output token inside vLLM's step, composed with the drafts: ssr "
+                           "(ssr's drafter: suffix tree, n-gram lookup, span policy priced at the batch; the default "
+                           "in the modes that speculate), or vLLM's own as peers: suffix (needs arctic-inference, "
+                           "see README), ngram; none: plain decoding steps")
     vllm.add_argument("--num-speculative-tokens", type=int, default=None, help="with --speculative-method")
     vllm.add_argument("--max-logprobs", type=int, default=20,
                       help="logprobs per row vLLM may return (default 20): sampled SSR verifies exactly when top_k is "
@@ -220,8 +225,17 @@ def vllm_options(args: argparse.Namespace, only_changed: bool = False) -> dict:
     return {"tensor_parallel_size": args.tensor_parallel_size, "pipeline_parallel_size": args.pipeline_parallel_size,
             "gpu_memory_utilization": args.gpu_memory_utilization, "enable_prefix_caching": not args.no_prefix_caching,
             "distributed_executor_backend": args.distributed_executor_backend, "dtype": args.dtype,
-            "speculative_method": args.speculative_method, "num_speculative_tokens": args.num_speculative_tokens,
+            "speculative_method": speculative_method(args), "num_speculative_tokens": args.num_speculative_tokens,
             "max_logprobs": args.max_logprobs, "eager": args.eager}
+
+
+def speculative_method(args: argparse.Namespace) -> str | None:
+    """vLLM's speculation: as given (none: off), else ssr's drafter where the command's one mode
+    speculates (generate, serve) and none where it does not, or where several modes share the
+    engine (bench: `ar` must decode plainly)."""
+    if args.speculative_method is not None:
+        return None if args.speculative_method == "none" else args.speculative_method
+    return "ssr" if getattr(args, "mode", None) in ("ssr", "ssr-prefix") else None
 
 
 def read_prompt(args: argparse.Namespace) -> str:
@@ -316,6 +330,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise ConfigError(f"--port must be in 1..65535, got {args.port}")
     if args.max_queue < 0 or args.request_timeout <= 0:
         raise ConfigError("--max-queue must be >= 0 and --request-timeout > 0")
+    if args.max_concurrency is not None and args.max_concurrency < 1:
+        raise ConfigError(f"--max-concurrency must be >= 1, got {args.max_concurrency}")
     if args.shutdown_grace < 0 or args.max_body_mb <= 0:
         raise ConfigError("--shutdown-grace must be >= 0 and --max-body-mb > 0")
     if args.api_key is not None and not args.api_key.strip():
@@ -331,9 +347,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
     name = args.served_model_name or args.model
     app = create_app(model, name, args.max_queue, args.request_timeout, defaults, aliases=(args.model,),
                      api_key=args.api_key, max_body_bytes=int(args.max_body_mb * 2**20),
-                     log_requests=args.log_requests, log=lambda line: print(line, file=sys.stderr, flush=True))
+                     log_requests=args.log_requests, slots=args.max_concurrency,
+                     log=lambda line: print(line, file=sys.stderr, flush=True))
     auth = "an API key required" if args.api_key else "no API key (--api-key or SSR_API_KEY to require one)"
-    print(f"ssr: serving {name} on http://{args.host}:{args.port}/v1 (mode {defaults.mode}; {auth})",
+    slots = app.state.scheduler.slots
+    print(f"ssr: serving {name} on http://{args.host}:{args.port}/v1 (mode {defaults.mode}; "
+          f"{slots} request{'s' if slots > 1 else ''} at once; {auth})",
           file=sys.stderr)
     serve(app, args.host, args.port, args.shutdown_grace, log=lambda line: print(line, file=sys.stderr, flush=True))
     return 0

@@ -30,6 +30,7 @@ from .config import ConfigError
 
 SCORE_SIZES = (8, 32, 128, 512)
 STEP_SIZES = (1, 2, 4)
+BATCH_SCORE_SIZES = (2, 4, 8, 16, 32, 64, 128, 256)  # span passes priced at a batch (Costs.at_batch)
 
 
 @dataclass(frozen=True)
@@ -55,6 +56,18 @@ class Costs:
     def prefill(self, num_tokens: int) -> float:
         return num_tokens * _floored(self.prefill_token_s,
                                      self.prefill_context_s * (num_tokens - self.context_tokens) / 2)
+
+    def at_batch(self, batch: int) -> Costs:
+        """The costs one request sees among `batch` requests decoded together (vLLM's running
+        batch): a pass is priced by the tokens it carries in all, and every request in the batch
+        is taken to feed as many as this one (the symmetric case), so a step costs score(batch)
+        and a pass of k tokens score(batch * k). On a GPU that keeps a verified token nearly free
+        at batch 1 and makes it cost compute at batch 64 (the pass turns compute-bound)."""
+        if batch <= 1:
+            return self
+        return replace(self, step_s={n: self.score(batch * n) for n in STEP_SIZES},
+                       score_s={k: self.score(batch * k) for k in BATCH_SCORE_SIZES},
+                       source=f"{self.source}; at a batch of {batch}")
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2)

@@ -245,7 +245,7 @@ def cmd_traces(args: argparse.Namespace) -> int:
         print(format_sources(sources, args.markdown))
     note = (f"`ssr traces` on {', '.join(args.files)}: {len(traces)} traces, tokenizer {vocab.name}, costs "
             f"{', '.join(s.name for s in settings)}, host time {args.host}, several candidates verified as "
-            f"{'one token tree' if args.candidates == 'tree' else 'forks'}.")
+            f"{ {'tree': 'one token tree', 'forks': 'forks', 'chain': 'one chain (one candidate a pass)'}[args.candidates]}.")
     path = write_report(rows, out_dir, note)
     print(f"\nrows: {out_dir / 'rows.jsonl'}; report: {path}", file=sys.stderr)
     return 0

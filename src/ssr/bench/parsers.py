@@ -62,10 +62,11 @@ def add_replay_commands(commands) -> None:
     traces.add_argument("--host", default="off",
                         help="the loop's host time on the modelled clock: off (measured beside it, default), "
                              "measured, or milliseconds per pass")
-    traces.add_argument("--candidates", choices=("tree", "forks"), default="tree",
+    traces.add_argument("--candidates", choices=("tree", "forks", "chain"), default="tree",
                         help="how the replayed engine verifies several candidate spans a pass: tree (one token tree, "
-                             "tree attention: a pass costs its nodes; default) or forks (each on its own fork, a pass "
-                             "priced as a batch of them: ssr's llama.cpp and transformers adapters)")
+                             "tree attention: a pass costs its nodes; default), forks (each on its own fork, a pass "
+                             "priced as a batch of them: ssr's llama.cpp and transformers adapters) or chain (one "
+                             "candidate a pass: vLLM, which verifies one draft chain per request per step)")
     traces.add_argument("--step-ms", type=float, default=6.0,
                         help="the step time for the ratio with host time added (default 6: an 8B model on an H200)")
     traces.add_argument("--out", default="results/traces", help="folder for rows.jsonl and report.md")

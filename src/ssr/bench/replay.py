@@ -52,6 +52,7 @@ class RowModel:
 
 class ReplayEngine:
     context_size = 1 << 20
+    slots = 1
     chat_template = None
     bos_text, eos_text = "", ""
     returns_ids = True  # greedy loops ask for the argmax ids (ids=True), never built as rows

@@ -17,7 +17,8 @@ defaults). No draft is forked: a trace holds no draft child's text.
 Several candidates a pass: by default the replayed engine has tree attention (replay's
 TreeReplayEngine: the candidates as one token tree on the parent, a pass priced by its nodes);
 `candidates="forks"` replays what ssr's llama.cpp and transformers adapters do (each candidate
-on its own fork, a pass priced as a batch of them).
+on its own fork, a pass priced as a batch of them); `candidates="chain"` what vLLM verifies (one
+draft chain per request per step: the span policy picks one candidate among every source's).
 
 Orders: `cold` (each trace alone: no earlier responses, nothing learnt) and `deployment` (the
 file's order within each (set, model) group, the earlier responses cached and the span
@@ -61,7 +62,7 @@ def mode_config(mode: str) -> GenerationConfig:
     return replace(base, cot_spans=False) if mode == "paper" else base
 
 
-CANDIDATES = ("tree", "forks")  # how the replayed engine verifies several candidates a pass
+CANDIDATES = ("tree", "forks", "chain")  # how the replayed engine verifies several candidates a pass
 
 
 def replay_trace(tokens: TokenTrace, mode: str, setting: CostSetting, order: str,
@@ -70,14 +71,15 @@ def replay_trace(tokens: TokenTrace, mode: str, setting: CostSetting, order: str
     """One trace in one mode -> a bench-shaped row (metrics on the modelled clock, the loop's
     host time measured apart under "host", identity to the trace). candidates: "tree" (an
     engine with tree attention: several candidates as one token tree, a pass priced by its
-    nodes) or "forks" (each candidate on its own fork, a pass priced as a batch of them: how
-    ssr's llama.cpp and transformers adapters verify them)."""
+    nodes), "forks" (each candidate on its own fork, a pass priced as a batch of them: how
+    ssr's llama.cpp and transformers adapters verify them) or "chain" (one candidate a pass, as
+    vLLM verifies one draft chain per request per step: ssr's drafter there)."""
     trace = tokens.trace
     end = tokens.cot_ids[-1:]  # the end-of-thinking token, forced where a CoT would not end
     model = RowModel(prompt_ids=tokens.prompt_ids, cot_ids=tokens.cot_ids, answer_ids=tokens.answer_ids,
                      forced_end_ids=end, answer_prefix_ids=[], draft_ids=[], draft_forked_at=None)
-    engine = (TreeReplayEngine if candidates == "tree" else ReplayEngine)(model, setting.costs, host=host,
-                                                                        max_sequences=SEQUENCES)
+    engine = (TreeReplayEngine if candidates == "tree" else ReplayEngine)(
+        model, setting.costs, host=host, max_sequences=1 if candidates == "chain" else SEQUENCES)
     started = time.perf_counter()
     generation = Generation(engine, REPLAY_FORMAT, mode_config(mode), tokens.prompt_ids,
                             costs=CostModel(table=setting.costs), stats=stats, plan=NO_DRAFT, history=history)

@@ -21,6 +21,7 @@ class Engine(Protocol):
     vocab_size: int  # rows of logits are [vocab_size]
     eos_ids: frozenset[int]  # tokens that end generation
     max_sequences: int  # sequences that may be alive at once (parent + children)
+    slots: int  # requests a server may decode at once on it (sequence engines: 1, one KV cache a request)
     context_size: int  # tokens the KV cache holds, all sequences together
     chat_template: str | None  # Hugging Face jinja chat template, if the model has one
     bos_text: str  # text of the BOS / EOS tokens, for chat templates
@@ -139,6 +140,7 @@ class SequenceSlots:
     `_feed(seq, tokens)` (one pass, no logits) and `_copy_entries(source, target)`."""
 
     batch_size: int  # most tokens one pass feeds
+    slots = 1  # one request at a time: its parent and children fill the batch (docs/serve.md)
 
     def __init__(self, max_sequences: int) -> None:
         self.max_sequences = max_sequences

@@ -7,6 +7,7 @@ batch-invariant, so SSR must reproduce plain decoding token for token on it.
 """
 from __future__ import annotations
 
+import threading
 import zlib
 from collections import Counter
 from collections.abc import Sequence
@@ -19,6 +20,7 @@ from .base import EngineError, TokenListTree
 class FakeEngine:
     vocab_size = 128
     eos_ids = frozenset({0})
+    slots = 1  # a server runs one request at a time on it
     chat_template = None
     bos_text = ""
     eos_text = "<eos>"
@@ -127,6 +129,7 @@ class FakeRequestsEngine:
     rows under a cache hit hold junk, as vLLM's do."""
 
     kind = "requests"
+    slots = 4  # a server runs several walks at once on it, as on vLLM
     verify_reads_cache = True
     enable_prefix_caching = True
     max_logprobs = 20  # as vLLM's default
@@ -140,13 +143,15 @@ class FakeRequestsEngine:
         self.cached: set[tuple[int, ...]] = set()  # block-aligned prefixes computed so far
         self.opened: list[tuple[str, list[int], object]] = []  # (id, prompt, params) per request
         self._next_id = 0
+        self._lock = threading.Lock()
 
     tokenize = FakeEngine.tokenize
     token_bytes = FakeEngine.token_bytes
 
     def new_id(self, role: str) -> str:
-        self._next_id += 1
-        return f"fake-{self._next_id}-{role}"
+        with self._lock:  # walks on several server workers take ids at once
+            self._next_id += 1
+            return f"fake-{self._next_id}-{role}"
 
     def sampling_params(self, **options):
         from types import SimpleNamespace

@@ -86,6 +86,9 @@ class Request:
         self.finished.wait(30.0)
 
 
+SPECULATIVE_METHODS = (None, "ssr", "suffix", "ngram")  # vLLM's speculation inside its step (None: none)
+
+
 class VllmEngine:
     kind = "requests"  # driven by decode_vllm (requests), not decode (sequence steps)
 
@@ -115,7 +118,19 @@ class VllmEngine:
         self.enable_prefix_caching = enable_prefix_caching
         self.max_logprobs = max_logprobs  # logprobs per row vLLM may return (-1: the whole vocabulary)
         speculative = None
-        if speculative_method:
+        if speculative_method not in SPECULATIVE_METHODS:
+            raise EngineError(f"--speculative-method must be one of {', '.join(SPECULATIVE_METHODS[1:])}, "
+                              f"got {speculative_method!r}")
+        if speculative_method == "ssr":  # ssr's drafter in vLLM's step (vllm_drafter.py): vLLM's custom_class hook
+            from .vllm_plugin import SsrConfigError, speculative_config
+
+            spec = {"method": "ssr", **({"num_speculative_tokens": num_speculative_tokens}
+                                        if num_speculative_tokens else {})}
+            try:
+                speculative = speculative_config(spec)
+            except SsrConfigError as error:
+                raise EngineError(str(error)) from error
+        elif speculative_method:
             speculative = {"method": speculative_method}
             if num_speculative_tokens:
                 speculative["num_speculative_tokens"] = num_speculative_tokens
@@ -128,7 +143,7 @@ class VllmEngine:
             # eager: plain PyTorch, no torch.compile nor CUDA graphs (starts in seconds, steps slower)
             **({"enforce_eager": True, "compilation_config": {"mode": 0}} if eager else {}),
             per_request_spec_decode_metrics="detailed" if speculative_method else "none",
-            worker_extension_cls=f"{__name__}.SuffixCacheWorker" if speculative_method == "suffix" else "")
+            worker_extension_cls=f"{__name__}.SuffixCacheWorker" if speculative_method in ("suffix", "ssr") else "")
         self._loop = asyncio.new_event_loop()
         threading.Thread(target=self._loop.run_forever, name="ssr-vllm-loop", daemon=True).start()
         try:
@@ -146,6 +161,10 @@ class VllmEngine:
         self.chat_template, self.bos_text, self.eos_text = self.text.chat_template, self.text.bos_text, self.text.eos_text
         self.add_bos, self.eos_ids = self.text.add_bos, self.text.eos_ids
         self.max_sequences = 1 << 16  # requests, not KV slots: vLLM queues what does not fit
+        # walks a server runs at once: vLLM's running-request limit over the requests one walk
+        # holds at once (a parent and a draft child); vLLM's KV limit queues what does not fit
+        self.max_num_seqs = int(self._llm.vllm_config.scheduler_config.max_num_seqs)
+        self.slots = max(1, self.max_num_seqs // 2)
         self._ids = itertools.count(1)
         self.last_number = 0  # of the latest request id handed out
 
@@ -168,9 +187,28 @@ class VllmEngine:
         speculates from) the responses of requests numbered `since` or later (new_id's numbers);
         returns how many. The bench calls it between the runs of one item, so that no run copies
         the same item's answer from another mode or repeat. 0 without the suffix method."""
+        if self.speculative_method == "ssr":  # the drafter's history keeps no request ids: all of it
+            return sum(self._call(self._llm.collective_rpc("ssr_drafter_forget")))
         if self.speculative_method != "suffix":
             return 0
         return sum(self._call(self._llm.collective_rpc("ssr_evict_responses", args=(since,))))
+
+    def drafter_stats(self) -> dict | None:
+        """ssr's drafter in vLLM's worker (--speculative-method ssr): errors (requests that decoded
+        plainly for a step), draft tokens proposed, steps drafted for; None without it."""
+        if self.speculative_method != "ssr":
+            return None
+        found = [stats for stats in self._call(self._llm.collective_rpc("ssr_drafter_stats")) if stats]
+        return {key: sum(stats[key] for stats in found) for key in found[0]} if found else None
+
+    def drafter_log(self) -> dict[str, list[dict]]:
+        """ssr's drafter's steps per vLLM request id (the worker ran with SSR_DRAFTER_LOG=1)."""
+        if self.speculative_method != "ssr":
+            return {}
+        merged: dict[str, list[dict]] = {}
+        for log in self._call(self._llm.collective_rpc("ssr_drafter_log")):
+            merged.update(log or {})
+        return merged
 
     def cached_responses(self) -> list[str]:
         """vLLM's ids of this adapter's requests whose responses the suffix method's global tree
@@ -229,12 +267,24 @@ class VllmEngine:
 
 
 class SuffixCacheWorker:
-    """Mixed into vLLM's worker (worker_extension_cls) when the suffix method runs: methods the
-    adapter calls by name through collective_rpc, in vLLM's worker process."""
+    """Mixed into vLLM's worker (worker_extension_cls) when the suffix or ssr method runs: methods
+    the adapter calls by name through collective_rpc, in vLLM's worker process."""
 
     def _ssr_suffix_cache(self):
         """vLLM's SuffixDecodingProposer's cache (arctic-inference), None without the method."""
         return getattr(getattr(self.model_runner, "drafter", None), "suffix_cache", None)
+
+    def ssr_drafter_stats(self) -> dict | None:
+        drafter = getattr(self.model_runner, "drafter", None)
+        return drafter.stats_dict() if type(drafter).__name__ == "SsrDrafter" else None
+
+    def ssr_drafter_log(self) -> dict:
+        drafter = getattr(self.model_runner, "drafter", None)
+        return drafter.steps_log() if type(drafter).__name__ == "SsrDrafter" else {}
+
+    def ssr_drafter_forget(self) -> int:
+        drafter = getattr(self.model_runner, "drafter", None)
+        return drafter.forget_responses() if type(drafter).__name__ == "SsrDrafter" else 0
 
     def ssr_cached_requests(self) -> list[str]:
         cache = self._ssr_suffix_cache()

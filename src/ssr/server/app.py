@@ -32,13 +32,14 @@ OPEN_PATHS = ("/health",)  # answered without an API key
 def create_app(model, served_name: str, max_queue: int = 16, timeout_s: float = 600.0,
                defaults: GenerationConfig | None = None, aliases: tuple[str, ...] = (),
                api_key: str | None = None, max_body_bytes: int = MAX_BODY_BYTES,
-               body_timeout_s: float = BODY_TIMEOUT_S, log_requests: str | None = None, log=print):
+               body_timeout_s: float = BODY_TIMEOUT_S, log_requests: str | None = None, slots: int | None = None,
+               log=print):
     from .observe import RequestLog, ServerMetrics
 
     defaults = defaults or GenerationConfig()
     served = {served_name, *aliases}
     stats = Stats()
-    scheduler = Scheduler(model, max_queue, timeout_s, stats, served_name)
+    scheduler = Scheduler(model, max_queue, timeout_s, stats, served_name, slots=slots)
     metrics_out = ServerMetrics(stats, scheduler, model.engine)
     scheduler.on_finished.append(metrics_out.observe)
     request_log = RequestLog(log_requests, log) if log_requests else None
@@ -65,7 +66,8 @@ def create_app(model, served_name: str, max_queue: int = 16, timeout_s: float = 
 
     @app.get("/health")
     async def health():
-        state = {"model": served_name, "running": int(scheduler.running is not None), "waiting": scheduler.waiting}
+        state = {"model": served_name, "running": scheduler.running, "waiting": scheduler.waiting,
+                 "slots": scheduler.slots}
         if request_log is not None:  # a request log that cannot be written is reported here
             state["request_log"] = request_log.health()
         if scheduler.draining:  # a load balancer stops sending here
@@ -297,7 +299,7 @@ def serve(app, host: str, port: int, grace_s: float, log=print) -> None:
             if scheduler.draining:  # a second signal: stop now
                 self.should_exit = self.force_exit = True
                 return
-            log(f"ssr: {signal.Signals(sig).name}: draining ({int(scheduler.running is not None)} running, "
+            log(f"ssr: {signal.Signals(sig).name}: draining ({scheduler.running} running, "
                 f"{scheduler.waiting} waiting; up to {grace_s:g} s), new requests get 503")
             threading.Thread(target=self.drain, name="ssr-drain", daemon=True).start()
 

@@ -166,7 +166,7 @@ class _Legacy:
         yield outcomes
         live = getattr(self.engine, "live_sequences", None)
         for name, text, value in (("ssr:num_requests_running", "Requests decoding now.",
-                                   int(self.scheduler.running is not None)),
+                                   self.scheduler.running),
                                   ("ssr:num_requests_waiting", "Requests in the queue.", self.scheduler.waiting),
                                   ("ssr:live_sequences", "Engine sequences holding KV cache.", live() if live else -1)):
             yield GaugeMetricFamily(name, text, value=value)

@@ -1,12 +1,17 @@
-"""One engine, many clients: a worker thread runs queued requests one at a time.
+"""One engine, many clients: worker threads, one per slot, run queued requests.
 
-Design (documented in the README): the engine and its KV cache belong to one worker
-thread; HTTP handlers put `Job`s in a bounded FIFO (full -> 429) and read the job's
-events from an asyncio queue. Between two decoded chunks (one token step or one
-verify pass) the worker checks the job's cancel flag (client gone) and deadline
-(time-out); closing the generation releases its sequences and KV at once. Requests
-are not batched together: on a CPU a second sequence costs nearly a full step, and
-SSR's own draft child already uses the batch.
+Design (docs/serve.md): HTTP handlers put `Job`s in a bounded FIFO (full -> 429) and read the
+job's events from an asyncio queue. A worker takes the oldest job when it is free. Between two
+decoded chunks (one token step or one verify pass) the worker checks the job's cancel flag
+(client gone) and deadline (time-out); closing the generation releases its sequences or aborts
+its engine requests at once.
+
+How many jobs run at once is the engine's `slots` (declared, engines/base.py):
+- llama.cpp and transformers: 1. The engine and its KV cache belong to one worker; on a CPU a
+  second sequence costs nearly a full step, and SSR's own draft child already uses the batch.
+- vLLM: its running-request limit (max_num_seqs) over the requests one walk holds at once
+  (parent and draft child): every client's walk is in vLLM's batch, and vLLM schedules them all
+  together (its own KV limit queues what does not fit).
 """
 from __future__ import annotations
 
@@ -65,21 +70,34 @@ class Stats:
 
 
 class Scheduler:
-    def __init__(self, model, max_queue: int, timeout_s: float, stats: Stats, served_name: str = "") -> None:
+    def __init__(self, model, max_queue: int, timeout_s: float, stats: Stats, served_name: str = "",
+                 slots: int | None = None) -> None:
         self.model, self.max_queue, self.timeout_s, self.stats = model, max_queue, timeout_s, stats
         self.served_name = served_name  # the model's name in metrics and the request log
         self.on_finished: list = []  # callables given each started request's observe.Finished
+        # jobs run at once: given, or the engine's declared slots (1 for engines that own one KV cache)
+        self.slots = max(1, slots if slots is not None else getattr(model.engine, "slots", 1))
         self._waiting: collections.deque[Job] = collections.deque()
         self._wake = threading.Condition()
-        self.running: Job | None = None
+        self._running: dict[int, Job] = {}  # the jobs workers run now, by id()
         self.draining = False  # shutting down: new requests are refused (503)
         self._stopping = False
-        self._thread = threading.Thread(target=self._loop, name="ssr-engine", daemon=True)
-        self._thread.start()
+        self._threads = [threading.Thread(target=self._loop, name=f"ssr-engine-{number}", daemon=True)
+                         for number in range(self.slots)]
+        for thread in self._threads:
+            thread.start()
 
     @property
     def waiting(self) -> int:
         return len(self._waiting)
+
+    @property
+    def running(self) -> int:
+        """Jobs the workers run now (0 .. slots)."""
+        return len(self._running)
+
+    def _busy(self) -> bool:
+        return bool(self._waiting or self._running)
 
     def submit(self, request: ParsedRequest) -> Job:
         job = Job(request, asyncio.get_running_loop(), time.monotonic() + self.timeout_s)
@@ -100,24 +118,25 @@ class Scheduler:
         cancel). Returns how many finished and how many were cancelled."""
         with self._wake:
             self.draining = True
-            pending = len(self._waiting) + (self.running is not None)
+            pending = len(self._waiting) + len(self._running)
         deadline = time.monotonic() + grace_s
-        while (self._waiting or self.running is not None) and time.monotonic() < deadline:
+        while self._busy() and time.monotonic() < deadline:
             time.sleep(poll_s)
         with self._wake:
-            left = list(self._waiting) + ([self.running] if self.running is not None else [])
+            left = list(self._waiting) + list(self._running.values())
             for job in left:
                 job.shutdown = True
                 job.cancelled.set()
-        while (self._waiting or self.running is not None) and time.monotonic() < deadline + 30:
-            time.sleep(poll_s)  # the worker stops the running job at its next chunk
+        while self._busy() and time.monotonic() < deadline + 30:
+            time.sleep(poll_s)  # each worker stops its running job at its next chunk
         return {"finished": pending - len(left), "cancelled": len(left)}
 
     def stop(self) -> None:
         with self._wake:
             self._stopping = True
-            self._wake.notify()
-        self._thread.join(timeout=30)
+            self._wake.notify_all()
+        for thread in self._threads:
+            thread.join(timeout=30)
 
     def _loop(self) -> None:
         while True:
@@ -127,7 +146,7 @@ class Scheduler:
                 if self._stopping:
                     return
                 job = self._waiting.popleft()
-                self.running = job
+                self._running[id(job)] = job
             try:
                 self._run(job)
             except Exception as error:  # noqa: BLE001 - a request must never take the worker down
@@ -135,7 +154,8 @@ class Scheduler:
                 job.emit("error", ApiError(500, f"internal error: {type(error).__name__}: {error}",
                                            kind="internal_error"))
             finally:
-                self.running = None
+                with self._wake:
+                    self._running.pop(id(job), None)
 
     def _run(self, job: Job) -> None:
         if job.cancelled.is_set():

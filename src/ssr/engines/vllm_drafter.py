@@ -1,0 +1,297 @@
+"""ssr's speculation as vLLM's drafter: one chain per request per step, what vLLM verifies.
+
+vLLM owns the batch: every step it asks its drafter for draft tokens for each running request
+(the model runner's `propose_draft_token_ids`), verifies them in the next forward pass with its
+own rejection sampler, and hands the drafter what was sampled. `SsrDrafter` is that drafter for
+the speculative method "ssr" (engines/vllm_plugin.py registers it; the pinned vLLM's hook is
+its `custom_class` method, vllm/v1/spec_decode/custom_class_proposer.py). Per request a
+`ChainDrafter` runs the proposer the replay measures:
+
+  1. propose  - ssr's proposer over the request's prompt and output so far (the suffix tree,
+                with its other branches, and n-gram lookup at its several occurrences) and the
+                earlier responses of every request (one ResponseHistory shared by the batch,
+                bounded and evicted oldest first, as vLLM's global tree)
+  2. price    - the span policy cuts each candidate to what it is worth on this engine's costs
+                at the batch the step runs at (costs.Costs.at_batch: a verified token is nearly
+                free at batch 1 on a GPU and costs compute at batch 64), and keeps the best one:
+                one chain (vLLM verifies one chain per request)
+  3. verify   - vLLM's (greedy: argmax; sampled: its rejection sampler, a one-hot draft)
+  4. observe  - the next step's sampled tokens say how many were accepted: the source's
+                acceptance curve learns it, the proposer takes the tokens
+
+The CoT and the answer price spans apart (their acceptance differs), split at the thinking
+format's end marker. A drafter error never fails a request: that request gets no draft this
+step (it decodes plainly), the error is counted and logged once.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from ..config import GenerationConfig, SuffixParams
+from ..costs import CostModel, Costs, gpu_preset, load_costs
+from ..history import ResponseHistory
+from ..policy import PolicyStats
+from ..proposers import request_proposer
+from ..spans import SpanPolicy, span_extension
+
+log = logging.getLogger("ssr.drafter")
+
+COSTS_ENV = "SSR_DRAFTER_COSTS"  # a cost table for the span policy: `gpu`, `gpu:MS` or a calibrate JSON
+DEFAULT_TOKENS = 16  # num_speculative_tokens when the config sets none (vLLM's docs: 16-32 for suffix)
+HISTORY_TOKENS = 200_000  # earlier responses kept for every request to copy from (oldest evicted first)
+
+
+@dataclass
+class Step:
+    """One drafting decision of one request, for parity checks (`SsrDrafter.log`)."""
+
+    at: int  # the request's tokens (prompt + output) when the chain was proposed
+    source: str  # the chain's source ("" for none)
+    proposed: list[int]  # the chain (empty: no draft this step)
+    accepted: int | None = None  # of it, what vLLM accepted (known at the next step)
+
+
+@dataclass
+class ChainDrafter:
+    """One request: its proposer and span policies; `step` takes what vLLM sampled since the
+    last call and returns the next chain."""
+
+    prompt_ids: Sequence[int]
+    history: ResponseHistory | None
+    costs: CostModel  # the engine's, at batch 1; `at_batch` prices each step where it runs
+    end_ids: Sequence[int] = ()  # the thinking format's end marker (the CoT and answer split there)
+    thinking: bool = False  # the request is in its CoT
+    max_span: int = DEFAULT_TOKENS
+    stats: PolicyStats | None = None  # what earlier requests learnt (cold: None)
+    steps: list[Step] | None = None  # its decisions, kept when a log is wanted
+    length: int = 0  # prompt + output tokens the drafter has seen
+    _last: tuple[str, list[int]] | None = field(default=None, repr=False)  # the chain vLLM is verifying
+    _output: list[int] = field(default_factory=list, repr=False)
+
+    def __post_init__(self) -> None:
+        config = GenerationConfig(mode="ssr", suffix=SuffixParams(max_span=self.max_span))
+        extend = span_extension(self.costs, self.max_span)
+        self.proposer = request_proposer(config, extend, list(self.prompt_ids), self.history, True, True)
+        learnt = self.stats.spans if self.stats is not None else {}
+        self.spans = SpanPolicy(self.costs, learnt.get("answer"))
+        self.cot_spans = SpanPolicy(self.costs, learnt.get("cot"))
+        self.length = len(self.prompt_ids)
+
+    def step(self, sampled: Sequence[int], room: int, costs: CostModel | None = None) -> list[int]:
+        """sampled: tokens vLLM committed for this request since the last step (the accepted
+        part of the last chain and the target's own token); room: most draft tokens the request
+        may take. Returns the chain to verify next ([] for a plain step)."""
+        policy = self.cot_spans if self.thinking else self.spans
+        if self._last is not None:  # 4. observe the verdict on the last chain
+            source, span = self._last
+            accepted = min(len(span), max(0, len(sampled) - 1))
+            policy.observe_pass([(source, len(span), accepted)], policy.costs.cost(len(span) + 1))
+            if self.steps:
+                self.steps[-1].accepted = accepted
+        self._last = None
+        self._take(sampled)
+        policy = self.cot_spans if self.thinking else self.spans
+        room = min(room, self.max_span)
+        found = self.proposer.candidates(room) if room > 0 else []  # 1. propose
+        if costs is not None:
+            policy.costs = costs  # 2. price at the step's batch
+        chosen = policy.choose_many(found, 1) if found else []
+        source, span = chosen[0] if chosen else ("", [])
+        if self.steps is not None:
+            self.steps.append(Step(self.length, source, list(span)))
+        if span:
+            self._last = (source, list(span))
+        return list(span)
+
+    def finish(self) -> list[int]:
+        """The request left the batch: its output (for the shared history), stats learnt."""
+        if self.stats is not None:
+            self.stats.spans.update(answer=dict(self.spans.stats), cot=dict(self.cot_spans.stats))
+        return self._output
+
+    def _take(self, sampled: Sequence[int]) -> None:
+        for token in sampled:
+            self._output.append(int(token))
+            self.length += 1
+            self.proposer.observe([int(token)])
+            if self.thinking and self.end_ids and self._output[-len(self.end_ids):] == list(self.end_ids):
+                self.thinking = False
+
+
+def replay_chains(prompt_ids: Sequence[int], output_ids: Sequence[int], costs: CostModel,
+                  end_ids: Sequence[int] = (), thinking: bool = False, max_span: int = DEFAULT_TOKENS,
+                  batch_costs: CostModel | None = None) -> list[Step]:
+    """A request's drafting replayed from its own text, as greedy vLLM verifies it: each chain is
+    accepted up to where it parts from the output, the output's next token is the bonus. The
+    steps a generation on vLLM logged (SSR_DRAFTER_LOG) must be these (the parity test)."""
+    steps: list[Step] = []
+    drafter = ChainDrafter(list(prompt_ids), None, costs, end_ids, thinking, max_span, steps=steps)
+    position, sampled = 1, list(output_ids[:1])  # the prefill's token comes first
+    while sampled and position <= len(output_ids):
+        chain = drafter.step(sampled, len(output_ids) - position, batch_costs)
+        accepted = 0
+        while accepted < len(chain) and position + accepted < len(output_ids) \
+                and chain[accepted] == output_ids[position + accepted]:
+            accepted += 1
+        sampled = list(output_ids[position:position + accepted + 1])
+        position += len(sampled)
+    return steps
+
+
+def thinking_at_start(prompt_ids: Sequence[int], start_ids: Sequence[int], end_ids: Sequence[int]) -> bool:
+    """Whether a request begins inside a CoT: its prompt opens one (the start marker) and does not
+    close it after (the end marker). ssr's own walk sends the CoT and the answer as separate
+    requests; a client of stock vLLM sends one request that does both."""
+    start, end = _last_at(prompt_ids, start_ids), _last_at(prompt_ids, end_ids)
+    return start >= 0 and end < start
+
+
+def _last_at(tokens: Sequence[int], marker: Sequence[int]) -> int:
+    """Where the last occurrence of marker starts in tokens (-1: none, or an empty marker)."""
+    size = len(marker)
+    if not size:
+        return -1
+    marker = list(marker)
+    for at in range(len(tokens) - size, -1, -1):
+        if list(tokens[at:at + size]) == marker:
+            return at
+    return -1
+
+
+class SsrDrafter:
+    """vLLM's drafter for `{"method": "ssr"}`: built by vLLM with its VllmConfig, `propose`
+    called by its model runner every step (the plugin hands it the runner's input batch, which
+    names the requests: the pinned hook passes token arrays only)."""
+
+    def __init__(self, vllm_config, costs: Costs | None = None, markers: tuple | None = None) -> None:
+        from .vllm_plugin import register
+
+        register()  # the runner hook, in this (the worker's) process, whether or not vLLM loaded the plugin
+        spec = vllm_config.speculative_config
+        self.num_speculative_tokens = spec.num_speculative_tokens or DEFAULT_TOKENS
+        self.max_model_len = vllm_config.model_config.max_model_len
+        self.costs = costs or _engine_costs()  # at batch 1; per batch size in _at
+        self._batch_costs: dict[int, CostModel] = {}  # batch (a power of 2) -> its cost model
+        self.start_ids, self.end_ids = markers if markers is not None else _markers(vllm_config.model_config)
+        self.history = ResponseHistory(HISTORY_TOKENS)  # every finished request's output
+        self.stats = PolicyStats()  # span acceptance carried from request to request, as ssr serve's
+        self.requests: dict[str, ChainDrafter] = {}  # running request id -> its drafter
+        self.input_batch = None  # vLLM's InputBatch of the step (set by the plugin before propose)
+        self.keep_log = _flag("SSR_DRAFTER_LOG")
+        # SSR_DRAFTER_ISOLATED=1: each request drafts from its own text alone (no earlier responses,
+        # no carried statistics), so that its steps replay from its text (the parity test)
+        self.isolated = _flag("SSR_DRAFTER_ISOLATED")
+        self.log: dict[str, list[Step]] = {}  # request id -> its steps (SSR_DRAFTER_LOG=1: parity tests)
+        self.errors = 0  # propose calls that failed for a request (it decoded plainly that step)
+        self.proposed = self.steps = 0  # draft tokens proposed; (request, step) pairs drafted for
+
+    def load_model(self, *args, **kwargs) -> None:  # vLLM asks every drafter; there is none
+        pass
+
+    def propose(self, sampled_token_ids: list[list[int]], num_tokens_no_spec, token_ids_cpu,
+                slot_mappings=None) -> list[list[int]]:
+        """One chain per request in the batch (row i: sampled_token_ids[i], the row's tokens in
+        token_ids_cpu[i, :num_tokens_no_spec[i]])."""
+        batch = self.input_batch
+        if batch is None:  # no request names (the plugin's runner hook did not run): no drafts
+            self._fail("vLLM's model runner gave the drafter no input batch; decoding plainly")
+            return [[] for _ in sampled_token_ids]
+        costs = self._at(sum(1 for sampled in sampled_token_ids if sampled))
+        drafts = []
+        for row, sampled in enumerate(sampled_token_ids):
+            try:
+                drafts.append(self._propose_row(row, sampled, int(num_tokens_no_spec[row]), token_ids_cpu, costs))
+            except Exception as error:  # noqa: BLE001 - a drafter error must never fail a request
+                self._fail(f"drafting for a request failed ({type(error).__name__}: {error}); it decodes plainly")
+                drafts.append([])
+        for request_id in set(self.requests) - set(batch.req_id_to_index):
+            self._finish(request_id)
+        return drafts
+
+    def _propose_row(self, row: int, sampled: list[int], num_tokens: int, token_ids_cpu, costs) -> list[int]:
+        if not sampled:  # a partial prefill: nothing to draft yet
+            return []
+        batch = self.input_batch
+        request_id = batch.req_ids[row]
+        drafter = self.requests.get(request_id)
+        if drafter is None:
+            prompt = [int(t) for t in token_ids_cpu[row, :batch.num_prompt_tokens[row]]]
+            drafter = self.requests[request_id] = ChainDrafter(
+                prompt, None if self.isolated else self.history, self.costs_model, self.end_ids,
+                thinking_at_start(prompt, self.start_ids, self.end_ids), self.num_speculative_tokens,
+                None if self.isolated else self.stats,
+                self.log.setdefault(request_id, []) if self.keep_log else None)
+            sampled = [int(t) for t in token_ids_cpu[row, len(prompt):num_tokens]]  # output so far (a resumed request)
+        room = min(self.num_speculative_tokens, self.max_model_len - num_tokens - 1)
+        chain = drafter.step(sampled, room, costs)
+        self.steps += 1
+        self.proposed += len(chain)
+        return chain
+
+    def _finish(self, request_id: str) -> None:
+        drafter = self.requests.pop(request_id)
+        output = drafter.finish()
+        if output and not self.isolated:
+            self.history.add(output)
+
+    @property
+    def costs_model(self) -> CostModel:
+        return self._at(1)
+
+    def _at(self, batch: int) -> CostModel:
+        """The cost model at a batch of `batch` requests (rounded up to a power of two)."""
+        size = 1 << max(0, batch - 1).bit_length()
+        model = self._batch_costs.get(size)
+        if model is None:
+            model = self._batch_costs[size] = CostModel(table=self.costs.at_batch(size))
+        return model
+
+    def _fail(self, message: str) -> None:
+        self.errors += 1
+        if self.errors == 1:
+            log.warning("ssr drafter: %s (logged once; counted in ssr_drafter_errors)", message)
+
+    def steps_log(self) -> dict[str, list[dict]]:
+        """SSR_DRAFTER_LOG=1: every request's drafting steps (request id -> [Step as a dict])."""
+        from dataclasses import asdict
+
+        return {request_id: [asdict(step) for step in steps] for request_id, steps in self.log.items()}
+
+    def forget_responses(self) -> int:
+        """Drop the earlier responses (the bench, between runs of one item); returns how many."""
+        count = len(self.history.responses)
+        self.history = ResponseHistory(HISTORY_TOKENS)
+        for drafter in self.requests.values():
+            drafter.history = self.history
+        return count
+
+    def stats_dict(self) -> dict:
+        return {"errors": self.errors, "proposed": self.proposed, "steps": self.steps,
+                "running": len(self.requests), "history_responses": len(self.history.responses)}
+
+
+def _flag(name: str) -> bool:
+    return os.environ.get(name, "") not in ("", "0")
+
+
+def _engine_costs() -> Costs:
+    """The span policy's cost table: $SSR_DRAFTER_COSTS (`gpu`, `gpu:MS`, a calibrate JSON), else
+    the GPU preset (only the ratios matter: a verify pass of tens of tokens ~ a step at batch 1)."""
+    spec = os.environ.get(COSTS_ENV, "").strip()
+    return load_costs(spec) if spec else gpu_preset()
+
+
+def _markers(model_config) -> tuple[list[int], list[int]]:
+    """(start, end) token ids of the model's thinking format (the chat template's native markers,
+    else ssr's code template's), read with the model's own tokenizer."""
+    from transformers import AutoTokenizer
+
+    from ..thinking import detect_format
+
+    tokenizer = AutoTokenizer.from_pretrained(model_config.tokenizer, trust_remote_code=model_config.trust_remote_code)
+    fmt = detect_format(getattr(tokenizer, "chat_template", None))
+    encode = lambda text: tokenizer.encode(text, add_special_tokens=False) if text else []  # noqa: E731
+    return encode(fmt.start.strip()), encode(fmt.end)

@@ -1,0 +1,82 @@
+"""`{"method": "ssr"}` in stock vLLM, loaded by vLLM itself through its `vllm.general_plugins`
+entry point (pyproject.toml), in every vLLM process (the front end, the engine core, each
+worker), as arctic-inference adds its methods.
+
+    vllm serve MODEL --speculative-config '{"method": "ssr", "num_speculative_tokens": 16}'
+    vllm.LLM(MODEL, speculative_config={"method": "ssr"})
+
+The pinned vLLM (0.32.0) takes a drafter of one's own as its `custom_class` method
+(vllm/v1/spec_decode/custom_class_proposer.py: `speculative_config.model` names the class).
+Two things it lacks, which `register` adds:
+- the name: SpeculativeConfig.method is a closed Literal (vllm/config/speculative.py,
+  SpeculativeMethod), so "ssr" is rewritten to custom_class + ssr's drafter class before vLLM
+  builds the config (EngineArgs.create_speculative_config, vllm/engine/arg_utils.py);
+- the request ids: the runner calls a custom drafter with token arrays only
+  (vllm/v1/worker/gpu_model_runner.py, propose_draft_token_ids: `self.drafter.propose(
+  sampled_token_ids, num_tokens_no_spec, token_ids_cpu, ...)`), and ssr's drafter keeps state
+  per request (its proposer, its span statistics), so the runner's input batch (which names
+  them) is handed to it before each call.
+Both are wrappers of vLLM's own functions, applied once per process; nothing else changes.
+"""
+from __future__ import annotations
+
+DRAFTER = "ssr.engines.vllm_drafter.SsrDrafter"
+KEYS = frozenset({"method", "num_speculative_tokens"})  # what {"method": "ssr"} takes besides vLLM's own
+VLLM_KEYS = frozenset({"disable_by_batch_size", "max_model_len", "draft_tensor_parallel_size",
+                       "rejection_sample_method"})  # vLLM's general ones, passed through
+
+
+class SsrConfigError(ValueError):
+    """A speculative config with method "ssr" that ssr cannot honour."""
+
+
+def speculative_config(spec: dict) -> dict:
+    """{"method": "ssr", ...} -> the custom_class config vLLM builds; refuses what ssr cannot
+    honour (a draft model, another method's options) with the reason."""
+    unknown = sorted(set(spec) - KEYS - VLLM_KEYS)
+    if unknown:
+        raise SsrConfigError(
+            f"speculative method 'ssr' takes num_speculative_tokens (and vLLM's {', '.join(sorted(VLLM_KEYS))}); "
+            f"it does not take {', '.join(unknown)} (ssr's drafter is model-free: its own suffix tree, n-gram "
+            "lookup and span policy)")
+    tokens = spec.get("num_speculative_tokens", 16)
+    if not isinstance(tokens, int) or isinstance(tokens, bool) or not 1 <= tokens <= 128:
+        raise SsrConfigError(f"num_speculative_tokens for method 'ssr' must be an integer in 1..128, got {tokens!r}")
+    return {**{k: v for k, v in spec.items() if k != "method"}, "method": "custom_class", "model": DRAFTER,
+            "num_speculative_tokens": tokens}
+
+
+def register() -> None:
+    """vLLM's general plugin: idempotent (vLLM may call it more than once per process); a no-op
+    where vLLM is not installed."""
+    try:
+        from vllm.engine.arg_utils import EngineArgs
+    except ImportError:
+        return
+
+    if not getattr(EngineArgs.create_speculative_config, "_ssr", False):
+        original = EngineArgs.create_speculative_config
+
+        def create_speculative_config(self, *args, **kwargs):
+            spec = self.speculative_config
+            if isinstance(spec, dict) and spec.get("method") == "ssr":
+                self.speculative_config = speculative_config(spec)
+            return original(self, *args, **kwargs)
+
+        create_speculative_config._ssr = True
+        EngineArgs.create_speculative_config = create_speculative_config
+    try:
+        from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+    except ImportError:  # a vLLM without the V1 runner: the method cannot run there
+        return
+    if not getattr(GPUModelRunner.propose_draft_token_ids, "_ssr", False):
+        propose = GPUModelRunner.propose_draft_token_ids
+
+        def propose_draft_token_ids(self, *args, **kwargs):
+            drafter = getattr(self, "drafter", None)
+            if type(drafter).__name__ == "SsrDrafter":
+                drafter.input_batch = self.input_batch
+            return propose(self, *args, **kwargs)
+
+        propose_draft_token_ids._ssr = True
+        GPUModelRunner.propose_draft_token_ids = propose_draft_token_ids

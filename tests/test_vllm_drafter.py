@@ -1,0 +1,135 @@
+"""ssr's drafter as vLLM runs it (engines/vllm_drafter.py), without vLLM: the batch vLLM hands it
+built by hand (its InputBatch's fields the drafter reads), the plugin's config rewrite, batch
+pricing, and the drafting replayed from a request's own text."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from ssr.costs import CostModel, gpu_preset
+from ssr.engines.vllm_drafter import ChainDrafter, SsrDrafter, replay_chains, thinking_at_start
+from ssr.engines.vllm_plugin import DRAFTER, SsrConfigError, speculative_config
+
+PROMPT = [5, 6, 7, 8, 9, 10, 11, 12, 13, 14] * 3  # the text repeats: lookup and the suffix tree copy it
+GPU = CostModel(table=gpu_preset())
+
+
+def config(tokens: int = 8, max_model_len: int = 4096):
+    return SimpleNamespace(speculative_config=SimpleNamespace(num_speculative_tokens=tokens),
+                           model_config=SimpleNamespace(max_model_len=max_model_len))
+
+
+class Batch:
+    """The fields of vLLM's InputBatch the drafter reads: req_ids, req_id_to_index,
+    num_prompt_tokens and the rows of token ids (prompt + output)."""
+
+    def __init__(self, prompts: dict[str, list[int]]) -> None:
+        self.req_ids = list(prompts)
+        self.req_id_to_index = {name: row for row, name in enumerate(self.req_ids)}
+        self.num_prompt_tokens = np.array([len(p) for p in prompts.values()])
+        self.rows = [list(p) for p in prompts.values()]
+
+    def arrays(self):
+        width = max(len(row) for row in self.rows) + 64
+        tokens = np.zeros((len(self.rows), width), dtype=np.int64)
+        for index, row in enumerate(self.rows):
+            tokens[index, :len(row)] = row
+        return np.array([len(row) for row in self.rows]), tokens
+
+
+def drafter(**options) -> SsrDrafter:
+    return SsrDrafter(config(**options), costs=gpu_preset(), markers=([], []))
+
+
+def test_one_chain_per_request_and_a_finished_request_joins_the_history():
+    ssr = drafter()
+    batch = Batch({"a": PROMPT, "b": [1, 2, 3, 4]})
+    ssr.input_batch = batch
+    batch.rows[0].append(5)  # the prefill's tokens
+    batch.rows[1].append(1)
+    drafts = ssr.propose([[5], [1]], *batch.arrays())
+    assert len(drafts) == 2 and drafts[0][:4] == [6, 7, 8, 9]  # copies what followed 5 before
+    assert all(len(chain) <= 8 for chain in drafts)
+    batch.rows[0].extend([6, 7])  # vLLM accepted one draft token and sampled the next
+    drafts = ssr.propose([[6, 7], []], *batch.arrays())  # b: a partial prefill step, nothing to draft
+    assert drafts[1] == [] and drafts[0][:2] == [8, 9]
+    assert ssr.requests["a"].spans.stats  # the verdict on a's first chain was observed
+    ssr.input_batch = Batch({"b": [1, 2, 3, 4, 1]})  # a left the batch
+    ssr.propose([[2]], *ssr.input_batch.arrays())
+    assert set(ssr.requests) == {"b"} and ssr.history.responses == [[5, 6, 7]]
+    assert ssr.errors == 0 and ssr.steps == 4  # a twice, b twice (not its prefill step)
+
+
+def test_a_drafter_error_never_fails_a_request():
+    ssr = drafter()
+    batch = Batch({"a": PROMPT + [5], "b": PROMPT + [5]})
+    ssr.input_batch = batch
+    ssr.propose([[5], [5]], *batch.arrays())
+    ssr.requests["b"].proposer = None  # broken: its next step raises inside the drafter
+    drafts = ssr.propose([[6], [6]], *batch.arrays())
+    assert drafts[1] == [] and drafts[0] and ssr.errors == 1
+    ssr.input_batch = None  # a runner that never handed over its batch: plain steps, counted
+    assert ssr.propose([[7], [7]], *batch.arrays()) == [[], []] and ssr.errors == 2
+
+
+def test_spans_back_off_as_the_batch_grows():
+    """The same text drafted at batch 1 and in fuller batches (GPU preset): a verified token is
+    nearly free alone and costs compute in a full batch, so fewer tokens are proposed there for
+    the same tokens accepted."""
+    output = []
+    for i in range(12):  # copies of 4 tokens, each followed by one no copy predicts
+        output += PROMPT[i % 7: i % 7 + 4] + [90 + i]
+    proposed, accepted = {}, {}
+    for batch in (1, 8, 64):
+        steps = replay_chains(PROMPT, output, GPU, max_span=16,
+                              batch_costs=CostModel(table=gpu_preset().at_batch(batch)))
+        proposed[batch] = sum(len(step.proposed) for step in steps)
+        accepted[batch] = sum(step.accepted or 0 for step in steps)
+    assert proposed[1] > 1.5 * proposed[8] > 1.5 * proposed[64] > 0
+    assert accepted[64] >= 0.8 * accepted[1]
+
+
+@pytest.mark.parametrize("batch, tokens, steps", [  # Costs.at_batch, GPU preset in steps
+    (1, 1, 1.0), (1, 16, 1.007), (8, 1, 1.0), (8, 4, 1.02), (32, 1, 1.02), (32, 8, 1.25), (64, 8, 2.0),
+    (64, 1, 1.047)])
+def test_costs_at_a_batch(batch, tokens, steps):
+    assert gpu_preset(1.0).at_batch(batch).score(tokens) == pytest.approx(steps, abs=1e-3)
+
+
+def test_the_plugin_rewrites_method_ssr_and_refuses_what_it_cannot_honour():
+    assert speculative_config({"method": "ssr"}) == {"method": "custom_class", "model": DRAFTER,
+                                                      "num_speculative_tokens": 16}
+    assert speculative_config({"method": "ssr", "num_speculative_tokens": 8, "disable_by_batch_size": 64}) == {
+        "method": "custom_class", "model": DRAFTER, "num_speculative_tokens": 8, "disable_by_batch_size": 64}
+    for bad, reason in (({"method": "ssr", "model": "eagle"}, "does not take model"),
+                        ({"method": "ssr", "prompt_lookup_max": 4}, "does not take prompt_lookup_max"),
+                        ({"method": "ssr", "num_speculative_tokens": 0}, "1..128"),
+                        ({"method": "ssr", "num_speculative_tokens": "8"}, "1..128")):
+        with pytest.raises(SsrConfigError, match=reason):
+            speculative_config(bad)
+
+
+@pytest.mark.parametrize("prompt, thinking", [([1, 90, 2], True), ([1, 90, 2, 91, 3], False), ([1, 2], False),
+                                              ([90, 91, 90], True)])
+def test_a_request_starts_in_its_cot_when_its_prompt_opens_one(prompt, thinking):
+    assert thinking_at_start(prompt, [90], [91]) is thinking
+
+
+def test_replayed_chains_are_what_greedy_verification_accepts():
+    """Drafting replayed from a text: every chain accepted up to where it parts from the text,
+    and the steps cover the text (accepted + 1 tokens a step)."""
+    output = PROMPT[:10] + [99, 98] + PROMPT[:6]
+    steps = replay_chains(PROMPT, output, GPU, max_span=8)
+    position = 1
+    for step in steps:
+        assert step.at == len(PROMPT) + position
+        expected = 0
+        while expected < len(step.proposed) and position + expected + 1 < len(output) \
+                and step.proposed[expected] == output[position + expected]:  # a bonus token must follow
+            expected += 1
+        if step.accepted is not None:
+            assert step.accepted == expected
+        position += (step.accepted or 0) + 1
+    assert position >= len(output) and sum(step.accepted or 0 for step in steps) >= 10
