@@ -161,7 +161,8 @@ def main() -> int:
     parser.add_argument("--clients", default="1,8")
     parser.add_argument("--requests", type=int, default=8)
     parser.add_argument("--max-tokens", type=int, default=96)
-    parser.add_argument("--thinking-budget", type=int, default=64, help="ssr serve's CoT budget")
+    parser.add_argument("--thinking-budget", type=int, default=128,
+                        help="ssr serve's CoT budget (above its --draft-at, 64)")
     parser.add_argument("--port", type=int, default=8123)
     parser.add_argument("--out", default=None, help="write the rows as JSON here")
     args = parser.parse_args()

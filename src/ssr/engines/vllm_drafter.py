@@ -131,7 +131,7 @@ def replay_chains(prompt_ids: Sequence[int], output_ids: Sequence[int], costs: C
     drafter = ChainDrafter(list(prompt_ids), None, costs, end_ids, thinking, max_span, steps=steps)
     position, sampled = 1, list(output_ids[:1])  # the prefill's token comes first
     while sampled and position <= len(output_ids):
-        chain = drafter.step(sampled, len(output_ids) - position, batch_costs)
+        chain = drafter.step(sampled, max_span, batch_costs)  # vLLM's room: the text's end is not known ahead
         accepted = 0
         while accepted < len(chain) and position + accepted < len(output_ids) \
                 and chain[accepted] == output_ids[position + accepted]:
