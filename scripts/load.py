@@ -27,6 +27,8 @@ import sys
 import threading
 import time
 
+from soak import wait_ready  # scripts/ is on the path: python scripts/load.py
+
 PROMPTS = ("Write a Python function that returns the n-th Fibonacci number.",
            "Write a Python function is_palindrome(text) that ignores case.",
            "Write a Python class Stack with push, pop and peek.",
@@ -137,22 +139,6 @@ def load(port: int, model: str, clients: int, total: int, max_tokens: int, gauge
             "left_running": gauge(port, gauge_name)}
 
 
-def wait_ready(port: int, process, timeout: float = 600) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise SystemExit(f"the server exited with {process.returncode}")
-        try:
-            connection = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
-            connection.request("GET", "/v1/models")
-            if connection.getresponse().status == 200:
-                return
-        except OSError:
-            pass
-        time.sleep(1)
-    raise SystemExit("the server did not start")
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="smollm2-135m")
@@ -173,7 +159,7 @@ def main() -> int:
         process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=open(f"/tmp/load-{name.replace(' ', '_')}.log", "w"),
                                    env={**os.environ, "VLLM_LOGGING_LEVEL": "WARNING"}, start_new_session=True)
         try:
-            wait_ready(args.port, process)
+            wait_ready(args.port, process, name)
             request(args.port, args.model, PROMPTS[0], 8)  # warm-up
             for clients in [int(c) for c in args.clients.split(",")]:
                 row = {"server": name, **load(args.port, args.model, clients, args.requests, args.max_tokens,
@@ -181,11 +167,13 @@ def main() -> int:
                 rows.append(row)
                 print(json.dumps(row), file=sys.stderr, flush=True)
         finally:
-            os.killpg(process.pid, signal.SIGTERM)
             try:
+                os.killpg(process.pid, signal.SIGTERM)
                 process.wait(60)
             except subprocess.TimeoutExpired:
                 os.killpg(process.pid, signal.SIGKILL)
+            except ProcessLookupError:  # it had exited (a server that failed to start)
+                pass
     base = {r["clients"]: r["tokens_per_s"] for r in rows if r["server"] == "vllm"}
     alone = {r["server"]: r["tokens_per_s"] for r in rows if r["clients"] == 1}
     print("| server | clients | tokens/s | × vllm | × own 1 client | TTFT s | TTFA s | peak running | 5xx | left |")

@@ -162,18 +162,27 @@ def start_server(serve_args: list[str], port: int, max_queue: int) -> subprocess
     command = [sys.executable, "-m", "ssr.cli", "serve", "--port", str(port), "--max-queue", str(max_queue),
                *serve_args]
     proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 600
+    wait_ready(port, proc)
+    return proc
+
+
+def wait_ready(port: int, proc: subprocess.Popen, what: str = "ssr serve", timeout_s: float = 600) -> None:
+    """Poll the server's /health (ssr's and vLLM's) until it answers 200; SystemExit, with its
+    error output where it is piped, if the process exits or the server never answers."""
+    deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise SystemExit(f"ssr serve exited: {proc.stderr.read()}")
+            detail = f": {proc.stderr.read()}" if proc.stderr is not None else ""
+            raise SystemExit(f"{what} exited with {proc.returncode}{detail}")
         try:
             connection = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
             connection.request("GET", "/health")
             if connection.getresponse().status == 200:
-                return proc
+                return
         except OSError:
-            time.sleep(1)
-    raise SystemExit("ssr serve did not start within 10 minutes")
+            pass
+        time.sleep(1)
+    raise SystemExit(f"{what} did not start within {timeout_s:g} s")
 
 
 def percentile(values: list[float], q: float) -> float:

@@ -10,7 +10,7 @@ import json
 import os
 import sys
 
-from .config import MODES, POLICIES, VERIFY_MODES, ConfigError, GenerationConfig, SamplingParams
+from .config import DRAFT_MODES, MODES, POLICIES, VERIFY_MODES, ConfigError, GenerationConfig, SamplingParams
 from .models import DEFAULT_MODEL, REGISTRY
 from .engines import ENGINES
 from .bench.parsers import add_replay_commands
@@ -235,7 +235,7 @@ def speculative_method(args: argparse.Namespace) -> str | None:
     engine (bench: `ar` must decode plainly)."""
     if args.speculative_method is not None:
         return None if args.speculative_method == "none" else args.speculative_method
-    return "ssr" if getattr(args, "mode", None) in ("ssr", "ssr-prefix") else None
+    return "ssr" if getattr(args, "mode", None) in DRAFT_MODES else None
 
 
 def read_prompt(args: argparse.Namespace) -> str:

@@ -86,9 +86,8 @@ class Generation(Branches, DraftChildren, Walk):
         self.trees = several and tree_passes(engine)  # candidates as one token tree (no forks)
         # one chain a pass (an engine of one sequence a request, as vLLM's drafter sees it): the
         # span policy still picks it among every source's candidates
-        chain = several and not self.trees and engine.max_sequences < 2
-        self.branches = (MAX_TREE_CANDIDATES if self.trees else 1 if chain else MAX_BRANCHES) if several else 1
-        self._offers = (several, self.trees or chain)  # the proposer's (alternatives, lookup's other ways)
+        self.chain = several and not self.trees and engine.max_sequences < 2
+        self.branches = (MAX_TREE_CANDIDATES if self.trees else 1 if self.chain else MAX_BRANCHES) if several else 1
         self.parent = -1  # the parent's sequence (a winning branch's sequence takes its place)
         self._forks: list[int] = []  # the branches of the pass under way (candidates 2.. on forks of the parent)
         self._tree = None  # the pass under way's token tree (engines with tree attention: no forks)
@@ -105,8 +104,9 @@ class Generation(Branches, DraftChildren, Walk):
         try:
             self.parent = self._own(self.engine.prefill(self.prompt_ids[:-1]))
             since = clock.add("prefill", 0.0)
-            proposer = self._proposer or request_proposer(self.config, self.extend, self.prompt_ids, self.history,
-                                                          *self._offers)
+            proposer = self._proposer or request_proposer(
+                self.config, self.extend, self.prompt_ids, self.history, several=self.branches > 1 or self.chain,
+                trees=self.trees or self.chain)  # a chain is picked among every source's candidates too
             if self.config.uses_draft and self.config.proposer == "suffix":
                 self.metrics.engine["suffix_spans"] = "past the match" if self.extend is not None else "match length"
             if hasattr(proposer, "implementation"):  # the suffix tree's: arctic-inference or ssr's own

@@ -163,8 +163,7 @@ class VllmEngine:
         self.max_sequences = 1 << 16  # requests, not KV slots: vLLM queues what does not fit
         # walks a server runs at once: vLLM's running-request limit over the requests one walk
         # holds at once (a parent and a draft child); vLLM's KV limit queues what does not fit
-        self.max_num_seqs = int(self._llm.vllm_config.scheduler_config.max_num_seqs)
-        self.slots = max(1, self.max_num_seqs // 2)
+        self.slots = max(1, int(self._llm.vllm_config.scheduler_config.max_num_seqs) // 2)
         self._ids = itertools.count(1)
         self.last_number = 0  # of the latest request id handed out
 
@@ -274,17 +273,24 @@ class SuffixCacheWorker:
         """vLLM's SuffixDecodingProposer's cache (arctic-inference), None without the method."""
         return getattr(getattr(self.model_runner, "drafter", None), "suffix_cache", None)
 
-    def ssr_drafter_stats(self) -> dict | None:
+    def _ssr_drafter(self):
+        """ssr's drafter (vllm_drafter.SsrDrafter), None without the ssr method."""
+        from .vllm_drafter import SsrDrafter
+
         drafter = getattr(self.model_runner, "drafter", None)
-        return drafter.stats_dict() if type(drafter).__name__ == "SsrDrafter" else None
+        return drafter if isinstance(drafter, SsrDrafter) else None
+
+    def ssr_drafter_stats(self) -> dict | None:
+        drafter = self._ssr_drafter()
+        return None if drafter is None else drafter.stats_dict()
 
     def ssr_drafter_log(self) -> dict:
-        drafter = getattr(self.model_runner, "drafter", None)
-        return drafter.steps_log() if type(drafter).__name__ == "SsrDrafter" else {}
+        drafter = self._ssr_drafter()
+        return {} if drafter is None else drafter.steps_log()
 
     def ssr_drafter_forget(self) -> int:
-        drafter = getattr(self.model_runner, "drafter", None)
-        return drafter.forget_responses() if type(drafter).__name__ == "SsrDrafter" else 0
+        drafter = self._ssr_drafter()
+        return 0 if drafter is None else drafter.forget_responses()
 
     def ssr_cached_requests(self) -> list[str]:
         cache = self._ssr_suffix_cache()

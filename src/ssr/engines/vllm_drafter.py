@@ -67,7 +67,6 @@ class ChainDrafter:
     max_span: int = DEFAULT_TOKENS
     stats: PolicyStats | None = None  # what earlier requests learnt (cold: None)
     steps: list[Step] | None = None  # its decisions, kept when a log is wanted
-    length: int = 0  # prompt + output tokens the drafter has seen
     _last: tuple[str, list[int]] | None = field(default=None, repr=False)  # the chain vLLM is verifying
     _output: list[int] = field(default_factory=list, repr=False)
 
@@ -78,7 +77,7 @@ class ChainDrafter:
         learnt = self.stats.spans if self.stats is not None else {}
         self.spans = SpanPolicy(self.costs, learnt.get("answer"))
         self.cot_spans = SpanPolicy(self.costs, learnt.get("cot"))
-        self.length = len(self.prompt_ids)
+        self._end = list(self.end_ids)
 
     def step(self, sampled: Sequence[int], room: int, costs: CostModel | None = None) -> list[int]:
         """sampled: tokens vLLM committed for this request since the last step (the accepted
@@ -106,6 +105,11 @@ class ChainDrafter:
             self._last = (source, list(span))
         return list(span)
 
+    @property
+    def length(self) -> int:
+        """Prompt + output tokens the drafter has seen."""
+        return len(self.prompt_ids) + len(self._output)
+
     def finish(self) -> list[int]:
         """The request left the batch: its output (for the shared history), stats learnt."""
         if self.stats is not None:
@@ -115,9 +119,8 @@ class ChainDrafter:
     def _take(self, sampled: Sequence[int]) -> None:
         for token in sampled:
             self._output.append(int(token))
-            self.length += 1
             self.proposer.observe([int(token)])
-            if self.thinking and self.end_ids and self._output[-len(self.end_ids):] == list(self.end_ids):
+            if self.thinking and self._end and self._output[-len(self._end):] == self._end:
                 self.thinking = False
 
 
@@ -261,11 +264,10 @@ class SsrDrafter:
         return {request_id: [asdict(step) for step in steps] for request_id, steps in self.log.items()}
 
     def forget_responses(self) -> int:
-        """Drop the earlier responses (the bench, between runs of one item); returns how many."""
+        """Drop the earlier responses (the bench, between runs of one item); returns how many.
+        Requests still running keep the history they started with (their proposers hold it)."""
         count = len(self.history.responses)
         self.history = ResponseHistory(HISTORY_TOKENS)
-        for drafter in self.requests.values():
-            drafter.history = self.history
         return count
 
     def stats_dict(self) -> dict:

@@ -70,11 +70,13 @@ def register() -> None:
     except ImportError:  # a vLLM without the V1 runner: the method cannot run there
         return
     if not getattr(GPUModelRunner.propose_draft_token_ids, "_ssr", False):
+        from .vllm_drafter import SsrDrafter
+
         propose = GPUModelRunner.propose_draft_token_ids
 
         def propose_draft_token_ids(self, *args, **kwargs):
             drafter = getattr(self, "drafter", None)
-            if type(drafter).__name__ == "SsrDrafter":
+            if isinstance(drafter, SsrDrafter):
                 drafter.input_batch = self.input_batch
             return propose(self, *args, **kwargs)
 

@@ -76,7 +76,7 @@ class Scheduler:
         self.served_name = served_name  # the model's name in metrics and the request log
         self.on_finished: list = []  # callables given each started request's observe.Finished
         # jobs run at once: given, or the engine's declared slots (1 for engines that own one KV cache)
-        self.slots = max(1, slots if slots is not None else getattr(model.engine, "slots", 1))
+        self.slots = max(1, slots if slots is not None else model.engine.slots)
         self._waiting: collections.deque[Job] = collections.deque()
         self._wake = threading.Condition()
         self._running: dict[int, Job] = {}  # the jobs workers run now, by id()
