@@ -1,7 +1,7 @@
 """Throughput under load, side by side in one run: `ssr serve --engine vllm` against stock vLLM's
 OpenAI server on the same model, machine and clients, 1 client and then N at once.
 
-    .venv-vllm/bin/python scripts/load.py --clients 1,8 --requests 8 --max-tokens 96
+    .venv-vllm/bin/python scripts/load.py --clients 1,8 --requests 24 --max-tokens 96
 
 Each server is started in turn (vLLM's as `python -m vllm.entrypoints.openai.api_server`, the
 same server as the `vllm serve` command), warmed with one request, then loaded: R chat
@@ -145,13 +145,18 @@ def main() -> int:
     parser.add_argument("--servers", default="ssr ar,vllm", help="comma-separated: ssr ar, ssr ssr, vllm, vllm suffix, "
                                                                  "vllm method ssr")
     parser.add_argument("--clients", default="1,8")
-    parser.add_argument("--requests", type=int, default=8)
+    parser.add_argument("--requests", type=int, default=None,
+                        help="requests per load (default: 3 per client of the largest --clients, so that the batch "
+                             "stays full while answers of uneven length finish: the load measures the server, "
+                             "not its last request alone)")
     parser.add_argument("--max-tokens", type=int, default=96)
     parser.add_argument("--thinking-budget", type=int, default=128,
                         help="ssr serve's CoT budget (above its --draft-at, 64)")
     parser.add_argument("--port", type=int, default=8123)
     parser.add_argument("--out", default=None, help="write the rows as JSON here")
     args = parser.parse_args()
+    if args.requests is None:
+        args.requests = 3 * max(int(c) for c in args.clients.split(","))
     rows = []
     for name, command in servers(args).items():
         kind = "ssr" if name.startswith("ssr") else "vllm"

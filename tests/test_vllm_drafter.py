@@ -74,6 +74,33 @@ def test_a_drafter_error_never_fails_a_request():
     assert ssr.propose([[7], [7]], *batch.arrays()) == [[], []] and ssr.errors == 2
 
 
+def test_the_engines_own_probes_are_left_plain():
+    """Requests the adapter names with the undrafted role (its cost probes) get no chain."""
+    ssr = drafter()
+    batch = Batch({"ssr-3-undrafted-1a2b": PROMPT + [5], "ssr-4-answer-3c4d": PROMPT + [5]})
+    ssr.input_batch = batch
+    drafts = ssr.propose([[5], [5]], *batch.arrays())
+    assert drafts[0] == [] and drafts[1][:4] == [6, 7, 8, 9] and set(ssr.requests) == {"ssr-4-answer-3c4d"}
+
+
+def test_a_measured_cost_table_replaces_the_preset():
+    """set_costs (the engine measured this machine): where a verified token costs a tenth of a
+    step, the chain a GPU would take whole is cut."""
+    cpu = {"step_s": {"1": 0.05, "2": 0.055, "4": 0.06}, "score_s": {"8": 0.09, "32": 0.2, "128": 0.7, "512": 2.7},
+           "prefill_token_s": 0.005}
+    chains = []
+    for table in (None, cpu):
+        ssr = drafter(tokens=16)
+        if table:
+            ssr.set_costs(table)
+            assert ssr.costs.score(8) == 0.09
+        batch = Batch({"a": PROMPT + [5]})
+        ssr.input_batch = batch
+        chains.append(ssr.propose([[5]], *batch.arrays())[0])
+    on_gpu, on_cpu = chains
+    assert on_gpu[:4] == [6, 7, 8, 9] and 0 < len(on_cpu) < len(on_gpu)
+
+
 def test_spans_back_off_as_the_batch_grows():
     """The same text drafted at batch 1 and in fuller batches (GPU preset): a verified token is
     nearly free alone and costs compute in a full batch, so fewer tokens are proposed there for

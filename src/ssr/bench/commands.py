@@ -129,14 +129,19 @@ def cmd_calibrate(args: argparse.Namespace, model_loader) -> int:
     if not 8 <= args.context_tokens <= (args.context_size - 600) // 2:
         raise ConfigError(f"--context-tokens must be in 8..{(args.context_size - 600) // 2} (half of --context-size "
                           f"less room for the probes: it is probed at twice the length too), got {args.context_tokens}")
-    if args.engine == "vllm":
-        raise ConfigError("ssr calibrate times sequence steps (llama.cpp, transformers); vLLM schedules its own "
-                          "batches: the policy there assumes a GPU's costs")
     model = model_loader(args)
-    with tqdm(total=2 * max(1, args.repeats // 2) + len(STEP_SIZES) + len(SCORE_SIZES) + 2, unit="probe",
-              disable=not sys.stderr.isatty()) as bar:
-        costs = calibrate(model.engine, repeats=args.repeats, context_tokens=args.context_tokens,
-                          progress=lambda: bar.update(1))
+    if args.engine == "vllm":  # vLLM schedules its own batches: timed through its requests
+        from ..engines import vllm_costs
+
+        with tqdm(total=len(vllm_costs.STEP_SEQUENCES) + len(vllm_costs.SCORE_TOKENS), unit="probe",
+                  disable=not sys.stderr.isatty()) as bar:
+            costs = vllm_costs.measure(model.engine, repeats=args.repeats, context_tokens=args.context_tokens,
+                                        progress=lambda: bar.update(1))
+    else:
+        with tqdm(total=2 * max(1, args.repeats // 2) + len(STEP_SIZES) + len(SCORE_SIZES) + 2, unit="probe",
+                  disable=not sys.stderr.isatty()) as bar:
+            costs = calibrate(model.engine, repeats=args.repeats, context_tokens=args.context_tokens,
+                              progress=lambda: bar.update(1))
     costs = replace(costs, meta={**costs.meta, "engine": args.engine, "model": args.model, "threads": args.threads})
     text = costs.to_json()
     if args.out:

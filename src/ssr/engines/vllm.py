@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import os
 import queue
 import sys
@@ -98,7 +99,7 @@ class VllmEngine:
                  distributed_executor_backend: str | None = None, dtype: str | None = None,
                  speculative_method: str | None = None, num_speculative_tokens: int | None = None,
                  verify_reads_cache: bool = True, max_logprobs: int = 20, eager: bool = False,
-                 verbose: bool = False) -> None:
+                 block_size: int | None = None, verbose: bool = False) -> None:
         if threads is not None:
             raise EngineError("--threads is not an option of --engine vllm (vLLM sets its own; on CPUs "
                               "VLLM_CPU_OMP_THREADS_BIND chooses the cores)")
@@ -117,6 +118,12 @@ class VllmEngine:
         self.verify_reads_cache = verify_reads_cache  # prompt_logprobs requests read the prefix cache
         self.enable_prefix_caching = enable_prefix_caching
         self.max_logprobs = max_logprobs  # logprobs per row vLLM may return (-1: the whole vocabulary)
+        # KV block size: a walk's later requests (child, verify, answer) extend the parent's tokens
+        # and read its blocks from the prefix cache, whole blocks only. vLLM's CPU default of 128
+        # (vllm/platforms/cpu.py, check_and_update_config) re-prefills up to 127 tokens of each;
+        # 32 is the smallest the CPU backend runs unslowed ("prefers multiples of 32", same place)
+        if block_size is None and self.on_cpu:
+            block_size = 32
         speculative = None
         if speculative_method not in SPECULATIVE_METHODS:
             raise EngineError(f"--speculative-method must be one of {', '.join(SPECULATIVE_METHODS[1:])}, "
@@ -139,7 +146,7 @@ class VllmEngine:
             pipeline_parallel_size=pipeline_parallel_size, gpu_memory_utilization=gpu_memory_utilization,
             enable_prefix_caching=enable_prefix_caching, distributed_executor_backend=distributed_executor_backend,
             dtype=dtype or ("float32" if self.on_cpu else "auto"), speculative_config=speculative,
-            max_logprobs=max_logprobs, disable_log_stats=True,
+            max_logprobs=max_logprobs, disable_log_stats=True, **({"block_size": block_size} if block_size else {}),
             # eager: plain PyTorch, no torch.compile nor CUDA graphs (starts in seconds, steps slower)
             **({"enforce_eager": True, "compilation_config": {"mode": 0}} if eager else {}),
             per_request_spec_decode_metrics="detailed" if speculative_method else "none",
@@ -166,6 +173,21 @@ class VllmEngine:
         self.slots = max(1, int(self._llm.vllm_config.scheduler_config.max_num_seqs) // 2)
         self._ids = itertools.count(1)
         self.last_number = 0  # of the latest request id handed out
+        self.drafter_costs = None  # the cost table ssr's drafter prices with, where this engine set it
+        if speculative_method == "ssr" and self.on_cpu and not os.environ.get("SSR_DRAFTER_COSTS"):
+            self._price_drafter()
+
+    def _price_drafter(self) -> None:
+        """On a CPU, ssr's drafter prices spans with this machine's vLLM costs (measured once per
+        model and machine, engines/vllm_costs.py), not the GPU preset: a verified token costs
+        compute here. $SSR_DRAFTER_COSTS, where set, is what the drafter reads instead."""
+        from . import vllm_costs
+
+        costs = vllm_costs.cached(self, log=lambda text: print(f"ssr: {text}", file=sys.stderr))
+        table = json.loads(costs.to_json())
+        if not any(self._call(self._llm.collective_rpc("ssr_drafter_costs", args=(table,)))):
+            raise EngineError("vLLM started without ssr's drafter (--speculative-method ssr): its plugin did not load")
+        self.drafter_costs = costs
 
     # -- text -------------------------------------------------------------------------------
 
@@ -283,6 +305,12 @@ class SuffixCacheWorker:
     def ssr_drafter_stats(self) -> dict | None:
         drafter = self._ssr_drafter()
         return None if drafter is None else drafter.stats_dict()
+
+    def ssr_drafter_costs(self, table: dict) -> bool:
+        drafter = self._ssr_drafter()
+        if drafter is not None:
+            drafter.set_costs(table)
+        return drafter is not None
 
     def ssr_drafter_log(self) -> dict:
         drafter = self._ssr_drafter()

@@ -41,6 +41,7 @@ log = logging.getLogger("ssr.drafter")
 
 COSTS_ENV = "SSR_DRAFTER_COSTS"  # a cost table for the span policy: `gpu`, `gpu:MS` or a calibrate JSON
 DEFAULT_TOKENS = 16  # num_speculative_tokens when the config sets none (vLLM's docs: 16-32 for suffix)
+UNDRAFTED = "undrafted"  # the role in an adapter's request id (ssr-N-role) that the drafter leaves plain
 HISTORY_TOKENS = 200_000  # earlier responses kept for every request to copy from (oldest evicted first)
 
 
@@ -219,6 +220,8 @@ class SsrDrafter:
             return []
         batch = self.input_batch
         request_id = batch.req_ids[row]
+        if request_id.split("-")[2:3] == [UNDRAFTED]:  # the engine's own probes (vllm_costs.py)
+            return []
         drafter = self.requests.get(request_id)
         if drafter is None:
             prompt = [int(t) for t in token_ids_cpu[row, :batch.num_prompt_tokens[row]]]
@@ -256,6 +259,12 @@ class SsrDrafter:
         self.errors += 1
         if self.errors == 1:
             log.warning("ssr drafter: %s (logged once; counted in ssr_drafter_errors)", message)
+
+    def set_costs(self, table: dict) -> None:
+        """Price from now on with this cost table (Costs as a dict: the engine measured it on this
+        machine, engines/vllm_costs.py); the running requests price their next step with it too."""
+        self.costs = Costs.from_dict(table)
+        self._batch_costs = {}
 
     def steps_log(self) -> dict[str, list[dict]]:
         """SSR_DRAFTER_LOG=1: every request's drafting steps (request id -> [Step as a dict])."""
