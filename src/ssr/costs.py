@@ -180,35 +180,48 @@ def engine_costs(engine, log=None) -> Costs:
 
     key = getattr(engine, "cost_key", None)
     path = cache_dir() / "costs" / f"{key}.json" if key else None
-    if path is not None and path.is_file():
-        try:
-            cached = Costs.from_dict(json.loads(path.read_text(encoding="utf-8")))
-            return _rescaled(cached, _step_seconds(engine))
-        except (OSError, ValueError, ConfigError):
-            pass  # unreadable: measure again
+    cached = read_table(path) if path is not None else None
+    if cached is not None:
+        return _rescaled(cached, _step_seconds(engine))
     if log is not None:
         log(f"measuring engine costs once for {key or 'this engine'} (a few seconds)")
     prefill_s, step_s, score_s = _probe(engine, QUICK_CONTEXT, 3, (1, 2), (8, 32, 128), lambda: None)
     costs = Costs(step_s=step_s, score_s=score_s, prefill_token_s=prefill_s, context_tokens=QUICK_CONTEXT,
                   source="quick probe at start-up", meta={"date": time.strftime("%Y-%m-%d %H:%M"), "key": key})
     if path is not None:
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(costs.to_json(), encoding="utf-8")
-        except OSError:
-            pass  # a read-only cache only costs the probe next time
+        write_table(path, costs)
     return costs
 
 
-def _filler(engine, count: int) -> list[int]:
-    """Ordinary tokens to fill a context (the content does not matter to the timing)."""
+def read_table(path: Path) -> Costs | None:
+    """A cost table cached on disk; None when there is none or it is unreadable (measure again)."""
+    if not path.is_file():
+        return None
+    try:
+        return Costs.from_dict(json.loads(path.read_text(encoding="utf-8")))
+    except (OSError, ValueError, ConfigError):
+        return None
+
+
+def write_table(path: Path, costs: Costs) -> None:
+    """Cache a cost table on disk; a read-only cache only costs the probe next time."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(costs.to_json(), encoding="utf-8")
+    except OSError:
+        pass
+
+
+def filler_ids(engine, count: int, offset: int = 0) -> list[int]:
+    """Ordinary tokens to fill a context (the content does not matter to the timing); another
+    offset gives other tokens (probes that must not read each other's prefix cache)."""
     start = min(1000, engine.vocab_size // 2)
-    return [start + i % (engine.vocab_size - start) for i in range(count)]
+    return [start + (offset * 7919 + i) % (engine.vocab_size - start) for i in range(count)]
 
 
 def _step_seconds(engine, steps: int = 4) -> float:
     """Median seconds of a one-sequence step at the quick probe's context."""
-    filler = _filler(engine, QUICK_CONTEXT)
+    filler = filler_ids(engine, QUICK_CONTEXT)
     seq = engine.prefill(filler)
     try:
         return _median_step_s(engine, [(seq, filler[0])], steps)
@@ -238,7 +251,7 @@ def _rescaled(costs: Costs, step_s: float) -> Costs:
 
 def _probe(engine, context_tokens: int, repeats: int, step_sizes, score_sizes, tick):
     """(prefill seconds per token, {sequences: step s}, {tokens: score s}) at this context."""
-    filler = _filler(engine, context_tokens)
+    filler = filler_ids(engine, context_tokens)
     parent = engine.prefill(filler)
     prefill_s = []
     for _ in range(max(1, repeats // 2)):

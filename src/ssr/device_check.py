@@ -131,7 +131,7 @@ def pass_probe(engine, context: int, repeats: int) -> dict[str, float]:
 
     import torch
 
-    from .costs import _filler
+    from .costs import filler_ids as _filler
 
     sync = torch.cuda.synchronize if engine.device.startswith("cuda") else (lambda: None)
     filler = _filler(engine, context)
@@ -196,7 +196,8 @@ def check_architecture(arch: str, args, log) -> dict:
     """Costs, context curve, launch overhead and identity for one architecture."""
     import torch
 
-    from .costs import _median_step_s, _filler, calibrate, gpu_preset
+    from .costs import _median_step_s, calibrate, gpu_preset
+    from .costs import filler_ids as _filler
 
     started = time.perf_counter()
     engine = random_engine(arch, args.device, args.dtype, context_size=args.context_size)

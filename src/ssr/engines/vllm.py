@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import json
 import os
 import queue
 import sys
 import threading
 import time
 from collections.abc import Iterator, Sequence
+from dataclasses import asdict
 from pathlib import Path
 
 from .base import EngineError
@@ -43,6 +43,7 @@ class Request:
         #                             outputs a slow reader had not taken yet
         self.finished = threading.Event()
         self.waited_s = 0.0  # wall seconds the reader spent blocked on this request's outputs
+        self.drained = False  # the reader took the end: a later stream() or result() has nothing to wait for
 
     @property
     def speculation(self):
@@ -59,11 +60,12 @@ class Request:
 
     def stream(self) -> Iterator:
         """Blocking iterator over the outputs (cumulative) until the request ends."""
-        while True:
+        while not self.drained:
             start = time.perf_counter()
             item = self.outputs.get()
             self.waited_s += time.perf_counter() - start
             if item is _DONE:
+                self.drained = True
                 return
             if isinstance(item, BaseException):
                 raise EngineError(f"vLLM request {self.request_id} failed: {item}") from item
@@ -173,7 +175,6 @@ class VllmEngine:
         self.slots = max(1, int(self._llm.vllm_config.scheduler_config.max_num_seqs) // 2)
         self._ids = itertools.count(1)
         self.last_number = 0  # of the latest request id handed out
-        self.drafter_costs = None  # the cost table ssr's drafter prices with, where this engine set it
         if speculative_method == "ssr" and self.on_cpu and not os.environ.get("SSR_DRAFTER_COSTS"):
             self._price_drafter()
 
@@ -184,10 +185,8 @@ class VllmEngine:
         from . import vllm_costs
 
         costs = vllm_costs.cached(self, log=lambda text: print(f"ssr: {text}", file=sys.stderr))
-        table = json.loads(costs.to_json())
-        if not any(self._call(self._llm.collective_rpc("ssr_drafter_costs", args=(table,)))):
+        if not any(self._call(self._llm.collective_rpc("ssr_drafter_costs", args=(asdict(costs),)))):
             raise EngineError("vLLM started without ssr's drafter (--speculative-method ssr): its plugin did not load")
-        self.drafter_costs = costs
 
     # -- text -------------------------------------------------------------------------------
 

@@ -16,11 +16,10 @@ preset (costs.gpu_preset) unless a table is given.
 """
 from __future__ import annotations
 
-import json
 import statistics
 import time
 
-from ..costs import Costs
+from ..costs import Costs, filler_ids, read_table, write_table
 from .vllm_drafter import UNDRAFTED  # the drafter leaves these requests plain
 
 SCORE_TOKENS = (8, 32, 128, 512)  # tokens in one pass, as costs.SCORE_SIZES
@@ -32,17 +31,17 @@ DECODE_TOKENS = 12  # tokens each step probe decodes
 def measure(engine, repeats: int = 3, context_tokens: int = CONTEXT_TOKENS, progress=None) -> Costs:
     """The cost table of a running VllmEngine (see the module docstring); a few seconds on a CPU."""
     tick = progress or (lambda: None)
-    context = _filler(engine, context_tokens, 0)
-    _time_to_first(engine, context, 1)  # writes the context into the prefix cache (and warms up)
+    context = filler_ids(engine, context_tokens, 0)
+    _time_to_first(engine, context)  # writes the context into the prefix cache (and warms up)
     step_s = {}
     for count in STEP_SEQUENCES:
         step_s[count] = statistics.median(_decode_gap(engine, context, count, trial) for trial in range(repeats))
         tick()
-    admit = statistics.median(_time_to_first(engine, context + _filler(engine, 1, 1 + trial), 1)
+    admit = statistics.median(_time_to_first(engine, context + filler_ids(engine, 1, 1 + trial))
                               for trial in range(repeats)) - step_s[1]
     score_s = {}
     for size in SCORE_TOKENS:
-        times = [_time_to_first(engine, context + _filler(engine, size, 7 + 31 * trial), 1)
+        times = [_time_to_first(engine, context + filler_ids(engine, size, 7 + 31 * trial))
                  for trial in range(max(2, repeats // (1 + size // 128)))]
         score_s[size] = max(step_s[1], statistics.median(times) - max(0.0, admit))
         tick()
@@ -58,19 +57,12 @@ def cached(engine, log=None) -> Costs:
     from ..models import cache_dir
 
     path = cache_dir() / "costs" / f"vllm-{engine.name}-{_machine()}.json"
-    if path.is_file():
-        try:
-            return Costs.from_dict(json.loads(path.read_text(encoding="utf-8")))
-        except (OSError, ValueError):
-            pass  # unreadable: measure again
-    if log is not None:
-        log(f"measuring vLLM's costs once for {engine.name} on this machine (a few seconds): {path}")
-    costs = measure(engine)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(costs.to_json(), encoding="utf-8")
-    except OSError:
-        pass  # a read-only cache only costs the probe next time
+    costs = read_table(path)
+    if costs is None:
+        if log is not None:
+            log(f"measuring vLLM's costs once for {engine.name} on this machine (a few seconds): {path}")
+        costs = measure(engine)
+        write_table(path, costs)
     return costs
 
 
@@ -81,20 +73,14 @@ def _machine() -> str:
     return f"{platform.machine()}-{os.cpu_count()}cpu"
 
 
-def _filler(engine, count: int, offset: int) -> list[int]:
-    """Ordinary tokens (content does not matter to timings); offsets keep probes out of each other's cache."""
-    start = min(1000, engine.vocab_size // 2)
-    span = engine.vocab_size - start
-    return [start + (offset * 7919 + i) % span for i in range(count)]
-
-
 def _params(engine, max_tokens: int):
     return engine.sampling_params(max_tokens=max_tokens, temperature=0.0, ignore_eos=True, detokenize=False)
 
 
-def _time_to_first(engine, prompt: list[int], max_tokens: int) -> float:
+def _time_to_first(engine, prompt: list[int]) -> float:
+    """Seconds from submitting a one-token request to its output."""
     start = time.perf_counter()
-    request = engine.open(engine.new_id(UNDRAFTED), prompt, _params(engine, max_tokens))
+    request = engine.open(engine.new_id(UNDRAFTED), prompt, _params(engine, 1))
     for _ in request.stream():
         break
     seconds = time.perf_counter() - start
@@ -104,10 +90,10 @@ def _time_to_first(engine, prompt: list[int], max_tokens: int) -> float:
 
 def _decode_gap(engine, context: list[int], count: int, trial: int) -> float:
     """Median seconds between the outputs of the first of `count` requests decoding together."""
-    requests = [engine.open(engine.new_id(UNDRAFTED), context + _filler(engine, 1, 100 + 10 * trial + i),
+    requests = [engine.open(engine.new_id(UNDRAFTED), context + filler_ids(engine, 1, 100 + 10 * trial + i),
                             _params(engine, DECODE_TOKENS)) for i in range(count)]
     stamps = [time.perf_counter() for _ in requests[0].stream()]
-    for request in requests[1:]:  # the first one's outputs are read to the end already
+    for request in requests:
         request.result()
     gaps = [later - earlier for earlier, later in zip(stamps[1:], stamps[2:])]  # past the first (the prefills)
     return statistics.median(gaps) if gaps else 0.0
