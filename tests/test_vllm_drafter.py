@@ -160,3 +160,26 @@ def test_replayed_chains_are_what_greedy_verification_accepts():
             assert step.accepted == expected
         position += (step.accepted or 0) + 1
     assert position >= len(output) and sum(step.accepted or 0 for step in steps) >= 10
+
+
+@pytest.mark.parametrize("on_cpu, kept, env, expected", [
+    (True, True, "", "kept"),  # a CPU with the table measured for this model: that table
+    (True, False, "", "preset"),  # a CPU, nothing measured yet: the preset (the engine measures, then hands it over)
+    (False, True, "", "preset"),  # a GPU: the preset, whatever a CPU run kept
+    (True, True, "gpu:10", "env"),  # $SSR_DRAFTER_COSTS first
+])
+def test_the_drafters_cost_table_is_the_environments_else_the_one_kept_for_the_model_on_a_cpu(
+        tmp_path, monkeypatch, on_cpu, kept, env, expected):
+    from ssr.costs import Costs, load_costs, write_table
+    from ssr.engines import vllm_drafter
+    from ssr.engines.vllm_costs import table_path
+
+    monkeypatch.setenv("SSR_CACHE", str(tmp_path))
+    monkeypatch.setattr(vllm_drafter, "_on_cpu", lambda: on_cpu)
+    monkeypatch.setenv("SSR_DRAFTER_COSTS", env) if env else monkeypatch.delenv("SSR_DRAFTER_COSTS", raising=False)
+    measured = Costs(step_s={1: 0.08, 4: 0.09}, score_s={8: 0.08, 128: 0.21}, prefill_token_s=0.0017,
+                     source="measured on vLLM")
+    if kept:
+        write_table(table_path("/models/SmolLM2-test"), measured)
+    table = vllm_drafter._engine_costs(SimpleNamespace(model="/models/SmolLM2-test/"))
+    assert table == {"kept": measured, "preset": gpu_preset(), "env": load_costs("gpu:10")}[expected]

@@ -3,7 +3,8 @@ greedy output equal to `ar`, vLLM accepting the drafter's chains, and parity: ea
 drafting steps as vLLM ran them (logged in vLLM's worker) are the steps replayed from the
 request's own text (vllm_drafter.replay_chains), chain for chain, accepted token for token.
 The drafter runs isolated here (SSR_DRAFTER_ISOLATED: no earlier responses, no carried span
-statistics), so that one request's steps depend on its own text alone."""
+statistics), so that one request's steps depend on its own text alone. On a CPU it prices its
+chains with the costs VllmEngine measured at start-up (the parity replay reads them back)."""
 from __future__ import annotations
 
 import os
@@ -15,7 +16,7 @@ from prompts import humaneval_prompts  # noqa: E402
 
 from ssr.api import SSR  # noqa: E402
 from ssr.config import GenerationConfig  # noqa: E402
-from ssr.costs import CostModel, gpu_preset  # noqa: E402
+from ssr.costs import CostModel, read_table  # noqa: E402
 from ssr.engines.vllm_drafter import replay_chains, thinking_at_start  # noqa: E402
 
 pytestmark = pytest.mark.vllm
@@ -52,7 +53,7 @@ def test_greedy_ssr_with_its_drafter_in_vllm_is_ar_and_replays_step_for_step(mod
         context = model.prompt_ids(prompt) + result.cot_ids + result.forced_ids + result.answer_ids[:carried]
         fmt = model.format()
         start, end = engine.tokenize(fmt.start.strip()), engine.tokenize(fmt.end)  # as the drafter reads them
-        replayed = replay_chains(context, answer.token_ids, CostModel(table=gpu_preset()), end,
+        replayed = replay_chains(context, answer.token_ids, CostModel(table=engine.drafter_table()), end,
                                  thinking_at_start(context, start, end), TOKENS)
         end = len(context) + len(answer.token_ids)  # the text the walk read (vLLM may have written on)
         count = next((i for i, step in enumerate(replayed) if step.at + len(step.proposed) + 1 >= end),
@@ -67,3 +68,15 @@ def test_greedy_ssr_with_its_drafter_in_vllm_is_ar_and_replays_step_for_step(mod
     assert accepted > 0 and compared >= 3
     stats = engine.drafter_stats()
     assert stats["errors"] == 0 and stats["proposed"] > 0
+
+
+def test_on_a_cpu_the_drafter_prices_with_the_costs_measured_for_this_model(model):
+    """VllmEngine measured vLLM's costs once for the model on this machine, kept them, and handed
+    them to the drafter in vLLM's worker: the drafter's table is that file's, not the GPU preset."""
+    from ssr.engines.vllm_costs import table_path
+
+    if os.environ.get("SSR_DRAFTER_COSTS"):
+        pytest.skip("$SSR_DRAFTER_COSTS names the drafter's table")
+    kept = read_table(table_path(model.engine.name))
+    assert kept is not None and kept.source.startswith("measured on vLLM")
+    assert model.engine.drafter_table() == kept

@@ -27,6 +27,7 @@ from pathlib import Path
 
 from .base import EngineError
 from .tokenizer import TokenizerText
+from .vllm_costs import model_name
 
 _DONE = object()  # queue sentinel: the request ended
 
@@ -163,7 +164,7 @@ class VllmEngine:
             raise EngineError(f"vLLM could not load {model}: {str(error).splitlines()[0] if str(error) else error!r}") \
                 from error
         config = self._llm.model_config
-        self.name = str(model).rstrip("/").split("/")[-1]
+        self.name = model_name(model)
         self.context_size = config.max_model_len
         self.vocab_size = config.get_vocab_size()
         self.text = TokenizerText(tokenizer, getattr(config.hf_config, "eos_token_id", None))
@@ -220,6 +221,15 @@ class VllmEngine:
             return None
         found = [stats for stats in self._call(self._llm.collective_rpc("ssr_drafter_stats")) if stats]
         return {key: sum(stats[key] for stats in found) for key in found[0]} if found else None
+
+    def drafter_table(self):
+        """The cost table ssr's drafter prices its chains with (costs.Costs), None without it."""
+        from ..costs import Costs
+
+        if self.speculative_method != "ssr":
+            return None
+        found = [table for table in self._call(self._llm.collective_rpc("ssr_drafter_table")) if table]
+        return Costs.from_dict(found[0]) if found else None
 
     def drafter_log(self) -> dict[str, list[dict]]:
         """ssr's drafter's steps per vLLM request id (the worker ran with SSR_DRAFTER_LOG=1)."""
@@ -304,6 +314,10 @@ class SuffixCacheWorker:
     def ssr_drafter_stats(self) -> dict | None:
         drafter = self._ssr_drafter()
         return None if drafter is None else drafter.stats_dict()
+
+    def ssr_drafter_table(self) -> dict | None:
+        drafter = self._ssr_drafter()
+        return None if drafter is None else asdict(drafter.costs)
 
     def ssr_drafter_costs(self, table: dict) -> bool:
         drafter = self._ssr_drafter()

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from pathlib import Path
 
 from ..costs import Costs, filler_ids, read_table, write_table
 from .vllm_drafter import UNDRAFTED  # the drafter leaves these requests plain
@@ -52,11 +53,21 @@ def measure(engine, repeats: int = 3, context_tokens: int = CONTEXT_TOKENS, prog
                  context_tokens=context_tokens)
 
 
-def cached(engine, log=None) -> Costs:
-    """measure(), once per model and machine: kept beside the other models (costs/), reread after."""
+def table_path(model) -> Path:
+    """Where the table of a model (its vLLM source: a folder or a hub id) on this machine is kept."""
     from ..models import cache_dir
 
-    path = cache_dir() / "costs" / f"vllm-{engine.name}-{_machine()}.json"
+    return cache_dir() / "costs" / f"vllm-{model_name(model)}-{_machine()}.json"
+
+
+def model_name(model) -> str:
+    """VllmEngine.name of a model source: its last path component."""
+    return str(model).rstrip("/").split("/")[-1]
+
+
+def cached(engine, log=None) -> Costs:
+    """measure(), once per model and machine: kept beside the other models (costs/), reread after."""
+    path = table_path(engine.name)
     costs = read_table(path)
     if costs is None:
         if log is not None:

@@ -177,7 +177,7 @@ class SsrDrafter:
         spec = vllm_config.speculative_config
         self.num_speculative_tokens = spec.num_speculative_tokens or DEFAULT_TOKENS
         self.max_model_len = vllm_config.model_config.max_model_len
-        self.costs = costs or _engine_costs()  # at batch 1; per batch size in _at
+        self.costs = costs or _engine_costs(vllm_config.model_config)  # at batch 1; per batch size in _at
         self._batch_costs: dict[int, CostModel] = {}  # batch (a power of 2) -> its cost model
         self.start_ids, self.end_ids = markers if markers is not None else _markers(vllm_config.model_config)
         self.history = ResponseHistory(HISTORY_TOKENS)  # every finished request's output
@@ -288,11 +288,24 @@ def _flag(name: str) -> bool:
     return os.environ.get(name, "") not in ("", "0")
 
 
-def _engine_costs() -> Costs:
-    """The span policy's cost table: $SSR_DRAFTER_COSTS (`gpu`, `gpu:MS`, a calibrate JSON), else
-    the GPU preset (only the ratios matter: a verify pass of tens of tokens ~ a step at batch 1)."""
+def _engine_costs(model_config) -> Costs:
+    """The span policy's cost table: $SSR_DRAFTER_COSTS (`gpu`, `gpu:MS`, a calibrate JSON); else on
+    a CPU the table measured for this model on this machine (`ssr calibrate --engine vllm`, or
+    `ssr serve --engine vllm` once), where there is one; else the GPU preset (only the ratios
+    matter: a verify pass of tens of tokens ~ a step at batch 1)."""
+    from ..costs import read_table
+    from .vllm_costs import table_path
+
     spec = os.environ.get(COSTS_ENV, "").strip()
-    return load_costs(spec) if spec else gpu_preset()
+    if spec:
+        return load_costs(spec)
+    return (_on_cpu() and read_table(table_path(model_config.model))) or gpu_preset()
+
+
+def _on_cpu() -> bool:
+    from vllm.platforms import current_platform
+
+    return current_platform.is_cpu()
 
 
 def _markers(model_config) -> tuple[list[int], list[int]]:
