@@ -9,7 +9,9 @@ requests, greedy, streamed with usage, by C clients at once. Printed per (server
 completion tokens per second over the load's wall time, median time to first token and to the
 first answer token (`content`; reasoning streams as `reasoning_content`), the most requests
 the server's engine held at once (ssr: its live vLLM requests gauge; vLLM: vllm:num_requests_running),
-5xx responses, and the requests left in the engine after the clients stop. Ratios: tokens per
+5xx responses, the requests left in the engine after the clients stop, and for stock vLLM with a
+speculative method the draft tokens it accepted during the load and per verify step, read from
+its own /metrics (vllm:spec_decode_num_accepted_tokens, vllm:spec_decode_num_drafts). Ratios: tokens per
 second against stock vLLM at the same clients, and against the same server with 1 client.
 Only the standard library on the client side.
 """
@@ -119,6 +121,7 @@ def load(port: int, model: str, clients: int, total: int, max_tokens: int, gauge
             peak[0] = max(peak[0], gauge(port, gauge_name))
             done.wait(0.2)
 
+    drafted_before = spec_counters(port)
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
     start = time.monotonic()
@@ -131,12 +134,22 @@ def load(port: int, model: str, clients: int, total: int, max_tokens: int, gauge
     done.set()
     watcher.join()
     time.sleep(1.0)
+    accepted, steps = (after - before for after, before in zip(spec_counters(port), drafted_before))
     ok = [r for r in results if r["status"] == 200]
     median = lambda key: statistics.median([r[key] for r in ok if r[key] is not None] or [float("nan")])  # noqa: E731
     return {"clients": clients, "tokens_per_s": sum(r["tokens"] for r in ok) / wall, "wall_s": wall,
             "ttft_s": median("first"), "ttfa_s": median("first_answer"),
             "5xx": sum(r["status"] >= 500 for r in results), "peak_running": peak[0],
-            "left_running": gauge(port, gauge_name)}
+            "left_running": gauge(port, gauge_name),
+            # vLLM's own speculative-decoding counters over the load (stock vLLM's /metrics; none: -)
+            "accepted_draft_tokens": accepted if steps >= 0 else None, "verify_steps": steps if steps >= 0 else None}
+
+
+def spec_counters(port: int) -> tuple[float, float]:
+    """(accepted draft tokens, verify steps with a draft) so far, from vLLM's /metrics; -1 each
+    where the server has no speculative decoding (or no such metrics)."""
+    return (gauge(port, "vllm:spec_decode_num_accepted_tokens_total"),
+            gauge(port, "vllm:spec_decode_num_drafts_total"))
 
 
 def main() -> int:
@@ -181,13 +194,18 @@ def main() -> int:
                 pass
     base = {r["clients"]: r["tokens_per_s"] for r in rows if r["server"] == "vllm"}
     alone = {r["server"]: r["tokens_per_s"] for r in rows if r["clients"] == 1}
-    print("| server | clients | tokens/s | × vllm | × own 1 client | TTFT s | TTFA s | peak running | 5xx | left |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("| server | clients | tokens/s | × vllm | × own 1 client | TTFT s | TTFA s | peak running | 5xx | left "
+          "| accepted drafts (vLLM /metrics) | per verify step |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         vs = f"{r['tokens_per_s'] / base[r['clients']]:.2f}" if r["clients"] in base else "-"
         own = f"{r['tokens_per_s'] / alone[r['server']]:.2f}" if r["server"] in alone else "-"
+        steps = r["verify_steps"]
+        accepted = "-" if steps is None else f"{r['accepted_draft_tokens']:g}"
+        per_step = "-" if not steps else f"{r['accepted_draft_tokens'] / steps:.2f}"
         print(f"| {r['server']} | {r['clients']} | {r['tokens_per_s']:.1f} | {vs} | {own} | {r['ttft_s']:.2f} | "
-              f"{r['ttfa_s']:.2f} | {r['peak_running']:g} | {r['5xx']} | {r['left_running']:g} |")
+              f"{r['ttfa_s']:.2f} | {r['peak_running']:g} | {r['5xx']} | {r['left_running']:g} | {accepted} | "
+              f"{per_step} |")
     if args.out:
         with open(args.out, "w") as handle:
             json.dump(rows, handle, indent=1)
