@@ -105,6 +105,15 @@ def test_histograms_count_and_sum_what_the_clients_saw():
     assert value(samples, 'ssr:requests_total', outcome="ok") == finished  # the older counters stay
 
 
+def streamed_text(line: str) -> bool:
+    """An SSE line carrying reasoning or answer text (not empty)."""
+    if not line.startswith("data: {"):
+        return False
+    choices = json.loads(line[len("data: "):]).get("choices") or [{}]
+    delta = choices[0].get("delta", {})
+    return bool(delta.get("reasoning_content") or delta.get("content"))
+
+
 def test_a_cancelled_request_counts_its_first_token_but_no_latency():
     app = make_app(SlowFake(max_sequences=4))
     scheduler = app.state.scheduler
@@ -115,7 +124,7 @@ def test_a_cancelled_request_counts_its_first_token_but_no_latency():
             with http.stream("POST", "/v1/chat/completions", json={**CHAT, "stream": True}) as reply:
                 for line in reply.iter_lines():
                     lines.append(line)
-                    if '"reasoning_content"' in line or '"content"' in line:
+                    if streamed_text(line):  # not the first chunk's role and empty content
                         first_text.set()
 
         worker = threading.Thread(target=stream)

@@ -1,0 +1,112 @@
+"""The limit of copy-based speculation, for the trace replay (`ssr traces --modes oracle`).
+
+With hindsight (the trace is known), every pass proposes the longest continuation of the trace
+that occurs anywhere in what a copying proposer could read: the prompt, the output so far and,
+in deployment order, the earlier responses. A proposer that copies from the context can do no
+better in one chain; every span it proposes is accepted whole. Its ratio to `ar` under a cost
+model is the ceiling ssr and the peers are measured against.
+
+The context is held in a suffix automaton (every substring of the sequences added, each added
+token O(1) amortised), so the longest copy of the next k tokens is a walk of at most k steps.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+
+class CopyIndex:
+    """A generalised suffix automaton over token sequences: `longest(tokens)` is the length of
+    the longest prefix of tokens that occurs in one of them (no match runs across two)."""
+
+    def __init__(self) -> None:
+        self.next: list[dict[int, int]] = [{}]  # [state]: token -> the state after it
+        self.link: list[int] = [-1]  # [state]: suffix link (the longest suffix in another state)
+        self.size: list[int] = [0]  # [state]: length of the longest string the state stands for
+        self._last = 0  # the state of the whole sequence being extended
+
+    def start(self) -> None:
+        """Begin a new sequence (matches never span the boundary)."""
+        self._last = 0
+
+    def extend(self, tokens: Sequence[int]) -> None:
+        for token in tokens:
+            self._add(int(token))
+
+    def longest(self, tokens: Sequence[int]) -> int:
+        state, length = 0, 0
+        for token in tokens:
+            state = self.next[state].get(int(token), -1)
+            if state < 0:
+                break
+            length += 1
+        return length
+
+    def _add(self, token: int) -> None:
+        """The standard online construction (Blumer et al.), generalised: a transition that
+        exists already from the current state is reused (or split) instead of a new state."""
+        last, nxt, link, size = self._last, self.next, self.link, self.size
+        if token in nxt[last]:  # the new string occurs already (another sequence holds it)
+            self._last = self._split(last, token)
+            return
+        current = self._state(size[last] + 1)
+        state = last
+        while state >= 0 and token not in nxt[state]:
+            nxt[state][token] = current
+            state = link[state]
+        link[current] = 0 if state < 0 else self._split(state, token)
+        self._last = current
+
+    def _split(self, state: int, token: int) -> int:
+        """The state for (string of `state`) + token, made its own where it stands for more."""
+        nxt, link, size = self.next, self.link, self.size
+        target = nxt[state][token]
+        if size[state] + 1 == size[target]:
+            return target
+        clone = self._state(size[state] + 1)
+        nxt[clone] = dict(nxt[target])
+        link[clone] = link[target]
+        while state >= 0 and nxt[state].get(token) == target:
+            nxt[state][token] = clone
+            state = link[state]
+        link[target] = clone
+        return clone
+
+    def _state(self, length: int) -> int:
+        self.next.append({})
+        self.link.append(-1)
+        self.size.append(length)
+        return len(self.size) - 1
+
+
+class OracleProposer:
+    """The proposer protocol with hindsight: `future` is the output the trace holds (CoT, then
+    answer); each proposal is the longest prefix of what comes next that the context holds, up
+    to max_span tokens."""
+
+    source = "oracle"
+
+    def __init__(self, prompt: Sequence[int], future: Sequence[int], earlier: Sequence[Sequence[int]] = (),
+                 max_span: int = 64) -> None:
+        self.future = list(future)  # the whole output, known in hindsight
+        self.max_span = max_span
+        self.seen = 0  # output tokens committed so far
+        self.index = CopyIndex()
+        for sequence in list(earlier) + [list(prompt)]:  # earlier responses, then the request
+            self.index.start()
+            self.index.extend(sequence)  # the request's sequence goes on with its output
+
+    def observe(self, token_ids: Sequence[int]) -> None:
+        self.index.extend(token_ids)
+        self.seen += len(token_ids)
+
+    def add_source(self, token_ids: Sequence[int]) -> None:
+        """A trace replay forks no draft."""
+
+    def propose(self, max_tokens: int) -> tuple[list[int], list[float] | None]:
+        ahead = self.future[self.seen: self.seen + min(max_tokens, self.max_span)]
+        span = ahead[: self.index.longest(ahead)]
+        return span, [1.0] * len(span) if span else None
+
+    def candidates(self, max_tokens: int) -> list[tuple[str, list[int]]]:
+        span, _ = self.propose(max_tokens)
+        return [(self.source, span)] if span else []

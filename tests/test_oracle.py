@@ -1,0 +1,83 @@
+"""The limit of copy-based speculation (bench/oracle.py, `ssr traces --modes oracle`): the copy
+index against brute force, and the oracle replayed: every span it proposes is accepted whole,
+and no mode of ssr nor any peer needs fewer passes on the same traces."""
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from ssr.bench.oracle import CopyIndex, OracleProposer
+from ssr.bench.trace_replay import TRACE_MODES, replay_all
+from ssr.bench.traces import load_traces, tokenize_trace
+from test_traces import GPU, WordVocab, write_traces
+
+pytestmark = pytest.mark.shared_data  # needs nothing from ../shared: runs from a clone too
+
+
+def brute_longest(sequences: list[list[int]], tokens: list[int]) -> int:
+    """The longest prefix of tokens found inside one of the sequences, by trying every start."""
+    best = 0
+    for sequence in sequences:
+        for start in range(len(sequence)):
+            length = 0
+            while length < len(tokens) and start + length < len(sequence) and \
+                    sequence[start + length] == tokens[length]:
+                length += 1
+            best = max(best, length)
+    return best
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_the_copy_index_finds_the_longest_copy_brute_force_finds(seed):
+    rng = random.Random(seed)
+    alphabet = rng.choice([2, 3, 5])  # small alphabets: many repeats, many splits
+    index, sequences = CopyIndex(), []
+    for _ in range(rng.randrange(1, 4)):  # several sequences, each extended in pieces
+        index.start()
+        sequences.append([])
+        for _ in range(rng.randrange(1, 5)):
+            piece = [rng.randrange(alphabet) for _ in range(rng.randrange(0, 12))]
+            index.extend(piece)
+            sequences[-1].extend(piece)
+            for _ in range(8):
+                query = [rng.randrange(alphabet) for _ in range(rng.randrange(1, 14))]
+                assert index.longest(query) == brute_longest(sequences, query), (sequences, query)
+
+
+def test_no_copy_runs_across_two_sequences():
+    index = CopyIndex()
+    index.extend([1, 2])
+    index.start()
+    index.extend([3, 4])
+    assert index.longest([2, 3]) == 1 and index.longest([3, 4]) == 2 and index.longest([1, 2, 3]) == 2
+
+
+def test_the_oracle_proposes_the_longest_copy_of_what_comes_next():
+    oracle = OracleProposer(prompt=[7, 8, 9, 7, 8], future=[9, 7, 5, 7, 8, 9], earlier=[[5, 7, 8, 9, 1]], max_span=4)
+    assert oracle.propose(10)[0] == [9, 7]  # 9 7 is in the prompt; 9 7 5 nowhere
+    oracle.observe([9, 7])
+    assert oracle.propose(10)[0] == [5, 7, 8, 9]  # an earlier response holds it, capped at max_span
+    assert oracle.propose(2)[0] == [5, 7]  # and at the room given
+    oracle.observe([5, 7, 8, 9])
+    assert oracle.propose(10) == ([], None) and oracle.candidates(10) == []  # nothing comes next
+
+
+def test_the_oracle_is_accepted_whole_and_no_mode_needs_fewer_passes(tmp_path):
+    """Every copy-based proposer's accepted span is a copy from the context, so it is at most the
+    oracle's at that position; taking the longest each pass needs the fewest passes (what can be
+    copied from position i + 1 is at least what could from i, less one)."""
+    vocab = WordVocab()
+    tokens = [tokenize_trace(t, vocab) for t in load_traces([write_traces(tmp_path / "s.jsonl.gz", count=4)])]
+    rows = replay_all(tokens, TRACE_MODES, [GPU])
+    passes = lambda m: m["decode_steps"] + m["cot_passes"] + m["verify_passes"]  # noqa: E731 (steps include the CoT's)
+    by = {(r["order"], r["item"], r["mode"]): r for r in rows}
+    for row in rows:
+        if row["mode"] != "oracle":
+            continue
+        metrics = row["metrics"]
+        assert row["identical"] and metrics["cot_passes"] > 0
+        assert metrics["cot_accepted_tokens"] == metrics["cot_proposed_tokens"]
+        assert metrics["suffix_accepted_tokens"] == metrics["suffix_proposed_tokens"]
+        for mode in TRACE_MODES:
+            assert passes(metrics) <= passes(by[(row["order"], row["item"], mode)]["metrics"]), mode
