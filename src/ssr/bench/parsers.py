@@ -44,8 +44,9 @@ def add_replay_commands(commands) -> None:
                     '{"request": {"messages": [...]}, "response": {"choices": [{"message": {"content", '
                     '"reasoning_content"}}]}}; or a served request {"messages", "reasoning", "answer", "model"}.')
     traces.add_argument("files", nargs="+", help="trace files or logs (.jsonl, .jsonl.gz)")
-    traces.add_argument("--modes", default="ar,ssr,paper,suffix,ngram,pld",
-                        help="comma-separated, from ar, ssr, paper (the CoT decoded plainly), suffix, ngram, pld")
+    traces.add_argument("--modes", default="ar,ssr,paper,suffix,ngram,pld,oracle",
+                        help="comma-separated, from ar, ssr, paper (the CoT decoded plainly), suffix, ngram, pld, "
+                             "oracle (the limit: with hindsight, the longest copy of what comes next a pass)")
     traces.add_argument("--orders", default="cold,deployment",
                         help="cold (each trace alone) and/or deployment (file order, earlier responses cached)")
     traces.add_argument("--cost-model", default="gpu",

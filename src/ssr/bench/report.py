@@ -20,7 +20,7 @@ from ..config import DRAFT_MODES
 from ..metrics import STAGES
 from .sources import ANSWER_SOURCES, COT_SOURCES, sources_table
 
-MODE_ORDER = ("ar", "ssr", "ssr-prefix", "ssr-suffix", "paper", "suffix", "pld", "ngram")
+MODE_ORDER = ("ar", "ssr", "ssr-prefix", "ssr-suffix", "paper", "suffix", "pld", "ngram", "oracle")
 
 
 def load_rows(paths: Iterable[Path]) -> list[dict]:

@@ -9,6 +9,8 @@ source) reads it as it is.
 
 Modes: `ar` (plain decoding), `ssr` (the whole output speculated), `paper` (the paper's
 regime: ssr with the CoT decoded plainly; a trace has no draft, so its answer spans only),
+`oracle` (the limit of copy-based speculation: with hindsight, each pass the longest next stretch
+of the trace that the prompt, the output so far or an earlier response holds; bench/oracle.py),
 and the peers as their users configure them: `suffix` (vLLM's suffix method, on
 arctic-inference's tree, vLLM's defaults and its global tree of earlier responses), `ngram`
 (vLLM's ngram method as its docs configure it) and `pld` (transformers' prompt lookup, its
@@ -36,10 +38,11 @@ from ..costs import CostModel, Costs
 from ..decode import Generation
 from ..policy import Plan, PolicyStats
 from ..history import ResponseHistory
+from .oracle import OracleProposer
 from .replay import REPLAY_FORMAT, ReplayEngine, RowModel, TreeReplayEngine
 from .traces import TokenTrace
 
-TRACE_MODES = ("ar", "ssr", "paper", "suffix", "ngram", "pld")
+TRACE_MODES = ("ar", "ssr", "paper", "suffix", "ngram", "pld", "oracle")
 ORDERS = ("cold", "deployment")
 _BIG = 1 << 16  # budgets no trace reaches: the trace decides where its CoT and answer end
 SEQUENCES = 8  # sequences a replayed engine holds at once: a parent and its candidate branches
@@ -57,8 +60,8 @@ def mode_config(mode: str) -> GenerationConfig:
     """The generation config a trace is replayed under in `mode` (TRACE_MODES)."""
     if mode not in TRACE_MODES:
         raise ConfigError(f"--modes: unknown {mode!r}; choose from {', '.join(TRACE_MODES)}")
-    base = GenerationConfig(mode="ssr" if mode == "paper" else mode, thinking_budget=_BIG, max_tokens=_BIG // 2,
-                            repetition_stop=0)
+    loop_mode = {"paper": "ssr", "oracle": "suffix"}.get(mode, mode)  # the oracle: a peer's loop, its own proposer
+    base = GenerationConfig(mode=loop_mode, thinking_budget=_BIG, max_tokens=_BIG // 2, repetition_stop=0)
     return replace(base, cot_spans=False) if mode == "paper" else base
 
 
@@ -80,9 +83,13 @@ def replay_trace(tokens: TokenTrace, mode: str, setting: CostSetting, order: str
                      forced_end_ids=end, answer_prefix_ids=[], draft_ids=[], draft_forked_at=None)
     engine = (TreeReplayEngine if candidates == "tree" else ReplayEngine)(
         model, setting.costs, host=host, max_sequences=1 if candidates == "chain" else SEQUENCES)
+    config = mode_config(mode)
+    oracle = OracleProposer(tokens.prompt_ids, tokens.cot_ids + tokens.answer_ids,
+                            history.responses if history is not None else (), config.suffix.max_span) \
+        if mode == "oracle" else None
     started = time.perf_counter()
-    generation = Generation(engine, REPLAY_FORMAT, mode_config(mode), tokens.prompt_ids,
-                            costs=CostModel(table=setting.costs), stats=stats, plan=NO_DRAFT, history=history)
+    generation = Generation(engine, REPLAY_FORMAT, config, tokens.prompt_ids, costs=CostModel(table=setting.costs),
+                            stats=stats, plan=NO_DRAFT, history=history, proposer=oracle)
     result = generation.run()
     wall_s = time.perf_counter() - started
     identical = result.cot_ids == engine.cot and result.answer_ids == engine.answer
@@ -189,6 +196,8 @@ def headline_table(rows: list[dict], step_ms: float = 6.0) -> list[dict]:
         ssr = ratios.get((group, "ssr"), {})
         table.append({"suite": suite, "engine": engine, "ratios": median, "best_peer": best,
                       "ssr_vs_best": median["ssr"] / median[best] if best and "ssr" in median else None,
+                      "ssr_vs_oracle": median["ssr"] / median["oracle"] if "ssr" in median and "oracle" in median
+                      else None,
                       "ssr_worst": max(ssr.values()) if ssr else None,
                       "at_step": {mode: passes[(suite, engine, mode)]["ratio_at_step"]
                                   for mode in median if (suite, engine, mode) in passes}})
@@ -199,13 +208,15 @@ def format_headline(table: list[dict], step_ms: float, markdown: bool = False) -
     from .report import MODE_ORDER, render_table
 
     modes = [m for m in MODE_ORDER if m != "ar" and any(m in t["ratios"] for t in table)]
+    oracle = any(t["ssr_vs_oracle"] is not None for t in table)
 
     def cell(value: float | None) -> str:
         return "-" if value is None else f"{value:.3f}"
 
-    columns = ["suite", "engine"] + modes + ["ssr / best peer", "ssr worst", f"ssr @{step_ms:g} ms + host",
-                                            f"best peer @{step_ms:g} ms + host"]
+    columns = ["suite", "engine"] + modes + ["ssr / best peer"] + (["ssr / oracle"] if oracle else []) \
+        + ["ssr worst", f"ssr @{step_ms:g} ms + host", f"best peer @{step_ms:g} ms + host"]
     lines = [[t["suite"], t["engine"]] + [cell(t["ratios"].get(m)) for m in modes]
-             + [cell(t["ssr_vs_best"]), cell(t["ssr_worst"]), cell(t["at_step"].get("ssr")),
-                cell(t["at_step"].get(t["best_peer"]))] for t in table]
+             + [cell(t["ssr_vs_best"])] + ([cell(t["ssr_vs_oracle"])] if oracle else [])
+             + [cell(t["ssr_worst"]), cell(t["at_step"].get("ssr")), cell(t["at_step"].get(t["best_peer"]))]
+             for t in table]
     return render_table(columns, lines, markdown)
