@@ -271,7 +271,9 @@ class VllmEngine:
         return self.live_requests()
 
     def close(self) -> None:
-        """Shut vLLM down (its engine process too); the engine is unusable afterwards."""
+        """Shut vLLM down (its engine process too); the engine is unusable afterwards. Twice is once."""
+        if self._llm is None:
+            return
         llm, self._llm = self._llm, None
         self._call(_shutdown(llm))
         del llm  # its __del__ shuts down again: now, not at interpreter exit with modules half gone
