@@ -11,7 +11,6 @@ model on this machine (`ssr calibrate --engine vllm`), else the GPU preset.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 
@@ -43,13 +42,13 @@ def measure(method: str) -> dict:
 
 
 def main(methods: list[str]) -> int:
-    from ssr.costs import read_table
-    from ssr.engines.vllm import vllm_model_source
-    from ssr.engines.vllm_costs import table_path
+    from types import SimpleNamespace
 
-    table = table_path(vllm_model_source(MODEL))
-    prices = os.environ.get("SSR_DRAFTER_COSTS") or (str(table) if read_table(table) else "the GPU preset (no table)")
-    print(f"ssr's drafter prices its chains with: {prices}", flush=True)
+    from ssr.engines.vllm import vllm_model_source
+    from ssr.engines.vllm_drafter import _engine_costs  # the table the drafter will read, by its own rule
+
+    table = _engine_costs(SimpleNamespace(model=vllm_model_source(MODEL)))
+    print(f"ssr's drafter prices its chains with: {table.source}", flush=True)
     rows = []
     for method in methods:
         out = subprocess.run([sys.executable, __file__, "--one", method], capture_output=True, text=True)

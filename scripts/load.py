@@ -134,6 +134,7 @@ def load(port: int, model: str, clients: int, total: int, max_tokens: int, gauge
     done.set()
     watcher.join()
     time.sleep(1.0)
+    counted = min(drafted_before) >= 0  # the server exports vLLM's spec-decode counters
     accepted, steps = (after - before for after, before in zip(spec_counters(port), drafted_before))
     ok = [r for r in results if r["status"] == 200]
     median = lambda key: statistics.median([r[key] for r in ok if r[key] is not None] or [float("nan")])  # noqa: E731
@@ -142,7 +143,7 @@ def load(port: int, model: str, clients: int, total: int, max_tokens: int, gauge
             "5xx": sum(r["status"] >= 500 for r in results), "peak_running": peak[0],
             "left_running": gauge(port, gauge_name),
             # vLLM's own speculative-decoding counters over the load (stock vLLM's /metrics; none: -)
-            "accepted_draft_tokens": accepted if steps >= 0 else None, "verify_steps": steps if steps >= 0 else None}
+            "accepted_draft_tokens": accepted if counted else None, "verify_steps": steps if counted else None}
 
 
 def spec_counters(port: int) -> tuple[float, float]:

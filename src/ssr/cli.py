@@ -6,7 +6,6 @@ to see them).
 from __future__ import annotations
 
 import argparse
-import atexit
 import json
 import os
 import sys
@@ -198,12 +197,9 @@ def load_model(args: argparse.Namespace):
     if args.engine != "vllm" and vllm_options(args, only_changed=True):
         raise ConfigError(f"{', '.join(vllm_options(args, only_changed=True))}: options of --engine vllm")
     try:
-        model = SSR(args.model, engine=args.engine, template=args.template, **options)
+        return SSR(args.model, engine=args.engine, template=args.template, **options)
     except ImportError as error:
         raise ConfigError(f"--engine {args.engine} is not installed ({error}): {ENGINE_INSTALL[args.engine]}") from error
-    if args.engine == "vllm":  # shut vLLM down before the interpreter tears its modules down (a traceback else)
-        atexit.register(model.engine.close)
-    return model
 
 
 VLLM_DEFAULTS = {"tensor_parallel_size": 1, "pipeline_parallel_size": 1, "gpu_memory_utilization": None,

@@ -146,9 +146,9 @@ def cmd_calibrate(args: argparse.Namespace, model_loader) -> int:
     if args.engine == "vllm":  # kept for the model on this machine: ssr serve and stock vLLM's ssr drafter read it
         from ..costs import write_table
 
-        write_table(vllm_costs.table_path(model.engine.name), costs)
-        print(f"kept for {model.engine.name} on this machine: {vllm_costs.table_path(model.engine.name)}",
-              file=sys.stderr)
+        kept = vllm_costs.table_path(model.engine.name)
+        write_table(kept, costs)
+        print(f"kept for {model.engine.name} on this machine: {kept}", file=sys.stderr)
     text = costs.to_json()
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)

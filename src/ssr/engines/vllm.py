@@ -15,6 +15,7 @@ are vLLM's: their options pass through.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import itertools
 import os
 import queue
@@ -28,6 +29,9 @@ from pathlib import Path
 from .base import EngineError
 from .tokenizer import TokenizerText
 from .vllm_costs import model_name
+from .vllm_worker import SuffixCacheWorker
+
+WORKER_EXTENSION = f"{SuffixCacheWorker.__module__}.{SuffixCacheWorker.__qualname__}"  # vLLM imports it by name
 
 _DONE = object()  # queue sentinel: the request ended
 
@@ -153,7 +157,7 @@ class VllmEngine:
             # eager: plain PyTorch, no torch.compile nor CUDA graphs (starts in seconds, steps slower)
             **({"enforce_eager": True, "compilation_config": {"mode": 0}} if eager else {}),
             per_request_spec_decode_metrics="detailed" if speculative_method else "none",
-            worker_extension_cls=f"{__name__}.SuffixCacheWorker" if speculative_method in ("suffix", "ssr") else "")
+            worker_extension_cls=WORKER_EXTENSION if speculative_method in ("suffix", "ssr") else "")
         self._loop = asyncio.new_event_loop()
         threading.Thread(target=self._loop.run_forever, name="ssr-vllm-loop", daemon=True).start()
         try:
@@ -176,6 +180,7 @@ class VllmEngine:
         self.slots = max(1, int(self._llm.vllm_config.scheduler_config.max_num_seqs) // 2)
         self._ids = itertools.count(1)
         self.last_number = 0  # of the latest request id handed out
+        atexit.register(self.close)  # shut vLLM down before the interpreter tears its modules down (a traceback else)
         if speculative_method == "ssr" and self.on_cpu and not os.environ.get("SSR_DRAFTER_COSTS"):
             self._price_drafter()
 
@@ -296,63 +301,6 @@ class VllmEngine:
 
     def _call(self, coroutine):
         return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result()
-
-
-class SuffixCacheWorker:
-    """Mixed into vLLM's worker (worker_extension_cls) when the suffix or ssr method runs: methods
-    the adapter calls by name through collective_rpc, in vLLM's worker process."""
-
-    def _ssr_suffix_cache(self):
-        """vLLM's SuffixDecodingProposer's cache (arctic-inference), None without the method."""
-        return getattr(getattr(self.model_runner, "drafter", None), "suffix_cache", None)
-
-    def _ssr_drafter(self):
-        """ssr's drafter (vllm_drafter.SsrDrafter), None without the ssr method."""
-        from .vllm_drafter import SsrDrafter
-
-        drafter = getattr(self.model_runner, "drafter", None)
-        return drafter if isinstance(drafter, SsrDrafter) else None
-
-    def ssr_drafter_stats(self) -> dict | None:
-        drafter = self._ssr_drafter()
-        return None if drafter is None else drafter.stats_dict()
-
-    def ssr_drafter_table(self) -> dict | None:
-        drafter = self._ssr_drafter()
-        return None if drafter is None else asdict(drafter.costs)
-
-    def ssr_drafter_costs(self, table: dict) -> bool:
-        drafter = self._ssr_drafter()
-        if drafter is not None:
-            drafter.set_costs(table)
-        return drafter is not None
-
-    def ssr_drafter_log(self) -> dict:
-        drafter = self._ssr_drafter()
-        return {} if drafter is None else drafter.steps_log()
-
-    def ssr_drafter_forget(self) -> int:
-        drafter = self._ssr_drafter()
-        return 0 if drafter is None else drafter.forget_responses()
-
-    def ssr_cached_requests(self) -> list[str]:
-        cache = self._ssr_suffix_cache()
-        return [] if cache is None else [str(request_id) for request_id in cache.cached_requests
-                                         if str(request_id).startswith("ssr-")]
-
-    def ssr_evict_responses(self, since: int) -> int:
-        """Evict from the suffix method's global cache the responses of this adapter's requests
-        numbered `since` or later (vLLM's ids for them: ssr-N-role-xxxxxxxx); returns how many."""
-        cache = self._ssr_suffix_cache()
-        if cache is None:
-            return 0
-        evicted = 0
-        for request_id in list(cache.cached_requests):
-            parts = str(request_id).split("-")
-            if len(parts) > 2 and parts[0] == "ssr" and parts[1].isdigit() and int(parts[1]) >= since:
-                cache.evict_cached_response(request_id)
-                evicted += 1
-        return evicted
 
 
 async def _create(async_llm, args):
