@@ -13,6 +13,7 @@ import numpy as np
 from .draft import Draft
 from .engines.base import tree_passes
 from .metrics import StageClock
+from .proposers import Shape
 from .sampling import target_probs
 from .tree import TokenTree, build_tree
 from .verify import Verdict, common_prefix, verify_tree_greedy, verify_tree_sampled
@@ -21,6 +22,7 @@ from .verify import Verdict, common_prefix, verify_tree_greedy, verify_tree_samp
 class Branches:
     _forks: list[int]  # the branches of the pass under way (candidates 2.. on forks of the parent)
     _tree: TokenTree | None  # the pass under way's token tree (on engines with tree attention)
+    shape: Shape  # how the request's proposer has its candidates verified (tree, width)
 
     def _verify_candidates(self, pending: int, proposals: list[tuple[str, list[int]]], child: Draft | None = None,
                            clock: StageClock | None = None, thinking: bool = False) -> tuple[int, list[Verdict]]:
@@ -56,7 +58,9 @@ class Branches:
         [k_i + 1]) per span: the first span on the parent, each other on a fresh fork of it (a
         branch), a living child's next step in the same pass (engine.score_batch)."""
         if len(spans) == 1 and child is None:
-            return [self._score(self.parent, [pending] + spans[0], thinking=thinking).copy()]
+            feed = [pending] + spans[0]
+            padding = [self.shape.pad] * max(0, (self.shape.width or 0) - len(feed))  # a peer's fixed width
+            return [self._score(self.parent, feed + padding, thinking=thinking)[: len(feed)].copy()]
         self._forks = [self._own(self.engine.fork(self.parent)) for _ in spans[1:]]
         feeds = [(seq, [pending] + span) for seq, span in zip([self.parent] + self._forks, spans)]
         if child is not None:
@@ -73,7 +77,9 @@ class Branches:
         tree.build_tree) -> rows [n, vocab] per node, banned tokens masked while thinking, or
         token ids [n] (masked by the engine)."""
         self._tree = tree = build_tree(pending, spans)
-        rows = self.engine.score_tree(self.parent, tree.token_ids, tree.parents, **self._want(thinking))
+        padding = max(0, (self.shape.width or 0) - len(tree.token_ids))  # a peer's fixed width: root's children
+        rows = self.engine.score_tree(self.parent, tree.token_ids + [self.shape.pad] * padding,
+                                      tree.parents + [0] * padding, **self._want(thinking))[: len(tree.token_ids)]
         if thinking and rows.ndim == 2:
             rows = rows.copy()
             rows[:, self.banned_ids] = -np.inf

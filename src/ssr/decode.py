@@ -32,7 +32,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from .config import GenerationConfig
+from .config import ConfigError, GenerationConfig
 from .costs import CostModel
 from .branches import Branches
 from .draft import Draft, DraftChildren
@@ -40,7 +40,7 @@ from .engines.base import Engine, PassTimer, shares_passes, tree_passes
 from .metrics import Metrics, StageClock
 from .policy import Plan, PolicyStats, plan_request
 from .history import ResponseHistory
-from .proposers import Proposer, request_proposer
+from .proposers import CHAIN, Proposer, request_proposer
 from .sampling import target_probs
 from .spans import MAX_BRANCHES, MAX_TREE_CANDIDATES, SpanPolicy, span_extension
 from .text import TextStream
@@ -91,6 +91,7 @@ class Generation(Branches, DraftChildren, Walk):
         self.parent = -1  # the parent's sequence (a winning branch's sequence takes its place)
         self._forks: list[int] = []  # the branches of the pass under way (candidates 2.. on forks of the parent)
         self._tree = None  # the pass under way's token tree (engines with tree attention: no forks)
+        self.shape = CHAIN  # how the proposer has its candidates verified (set with the proposer)
         self._check_context(config.suffix.max_span + 1 + (self.plan.draft_tokens if self.plan.draft else 0),
                             " + draft tokens" if config.uses_draft else "")
 
@@ -107,6 +108,9 @@ class Generation(Branches, DraftChildren, Walk):
             proposer = self._proposer or request_proposer(
                 self.config, self.extend, self.prompt_ids, self.history, several=self.branches > 1 or self.chain,
                 trees=self.trees or self.chain)  # a chain is picked among every source's candidates too
+            self.shape = proposer.shape if proposer is not None else CHAIN
+            if self.shape.tree and not tree_passes(self.engine):
+                raise ConfigError("a proposer that verifies its own token tree needs an engine with tree attention")
             if self.config.uses_draft and self.config.proposer == "suffix":
                 self.metrics.engine["suffix_spans"] = "past the match" if self.extend is not None else "match length"
             if hasattr(proposer, "implementation"):  # the suffix tree's: arctic-inference or ssr's own
@@ -310,7 +314,8 @@ class Generation(Branches, DraftChildren, Walk):
         """[(source, span of at most `room` tokens)], [] for a plain step. The ssr modes let the
         span policy choose among the sources, cut each span to what the engine's costs justify and
         keep, where branches are on, further candidates worth verifying in the same pass; the peers
-        `suffix` and `pld` verify what their one proposer proposes, as their users run them."""
+        `suffix` and `pld` verify what their one proposer proposes, as their users run them (a
+        peer with a token tree of its own, Shape.tree: all of it)."""
         found = proposer.candidates(room) if proposer is not None and room > 0 else []
         if not found:
             return []
@@ -319,7 +324,7 @@ class Generation(Branches, DraftChildren, Walk):
                 return spans.choose_many(found, self.branches, tree=True)
             free = self.engine.max_sequences - getattr(self.engine, "live_sequences", lambda: len(self._live))()
             return spans.choose_many(found, min(self.branches, 1 + max(0, free)))
-        return found[:1]
+        return found if self.shape.tree else found[:1]
 
     # -- helpers ------------------------------------------------------------------------
 

@@ -25,12 +25,15 @@ class ResponseHistory:
         self._arctic_ids = 0  # request ids handed out to arctic caches
         self._native: dict[int, object] = {}  # max_depth -> C++ suffix tree over the responses (ssr's source)
         self._native_seqs: list[int] = []  # its sequence ids, oldest first (bounded by requests, as vLLM's)
+        self._kept: dict[str, object] = {}  # a peer's own cache across requests (SGLang's trie, llama.cpp's pool)
 
     def add(self, token_ids: Sequence[int]) -> None:
         for depth, cache in self._arctic.items():  # its live request wrote this response already
             live = self._arctic_live.pop(depth, None)
             if live is not None:
                 cache.stop_request(live)
+                if not self.max_tokens:  # kept while it was written (as vLLM's cache does), not after
+                    cache.evict_cached_response(live)
             elif self.max_tokens and token_ids:
                 self._arctic_response(cache, token_ids)
         if self.max_tokens and token_ids:
@@ -55,6 +58,13 @@ class ResponseHistory:
             for response in self.responses:
                 tree.add_sequence(response)
         return self._trees[max_depth]
+
+    def kept(self, name: str, make):
+        """A peer's own state kept across this deployment's requests, as its server keeps it
+        (SGLang NGRAM's trie, llama.cpp ngram-mod's hash pool): made by make() on first use."""
+        if name not in self._kept:
+            self._kept[name] = make()
+        return self._kept[name]
 
     NATIVE_REQUESTS = 10000  # responses the C++ trees keep (vLLM's suffix cache: 10,000 requests)
 
@@ -85,12 +95,14 @@ class ResponseHistory:
 
     def arctic(self, max_depth: int):
         """(arctic-inference SuffixDecodingCache over the responses so far, a new request id), for
-        one request that writes its response there as it goes (as vLLM's suffix method does). The
-        cache is bounded by requests, as in vLLM (10,000); with max_tokens 0 it holds none."""
+        one request that writes its response there as it goes (as vLLM's suffix method does: the
+        global tree holds the live response too, so even a request alone speculates from both
+        trees). The cache is bounded by requests, as in vLLM (10,000); with max_tokens 0 it holds
+        no response past its request's end."""
         from arctic_inference.suffix_decoding import SuffixDecodingCache
 
         if max_depth not in self._arctic:
-            cache = self._arctic[max_depth] = SuffixDecodingCache(max_depth, 10000 if self.max_tokens else 0)
+            cache = self._arctic[max_depth] = SuffixDecodingCache(max_depth, 10000)
             for response in self.responses:
                 self._arctic_response(cache, response)
         live = self._arctic_live.pop(max_depth, None)

@@ -6,6 +6,7 @@ One small protocol: `observe` committed output tokens, `add_source` text to copy
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 from .config import SuffixParams
@@ -18,7 +19,25 @@ from .suffix_tree import SuffixTree, match_bucket
 PEER_SUFFIX = SuffixParams(max_depth=24, max_span=24, span_factor=1.0, min_prob=0.1)
 
 
+@dataclass(frozen=True)
+class Shape:
+    """How a proposer's candidates are verified, declared by the proposer: one chain a pass (the
+    span policy picks it where there are several), or all of them as the paths of one token tree
+    (a peer whose engine verifies its own tree: SGLang's NGRAM, arctic's tree mode). `width`: the
+    tokens every verify pass feeds whatever was proposed, the pending token and padding included
+    (SGLang verifies D tokens a step, a match or not); None: what was proposed."""
+
+    tree: bool = False  # every candidate a path of one tree, verified in one pass
+    width: int | None = None  # tokens fed per verify pass, padding included (None: as proposed)
+    pad: int = 0  # the token padding feeds
+
+
+CHAIN = Shape()  # one span a pass, fed as proposed: ssr's sources and the chain peers
+
+
 class Proposer(Protocol):
+    shape: Shape  # how its candidates are verified
+
     def observe(self, token_ids: Sequence[int]) -> None:
         """Tokens just committed to the output (CoT, forced tokens and answer)."""
 
@@ -37,6 +56,7 @@ class _OneSource:
     """`candidates` for a proposer that is a single source named `source`."""
 
     source = ""
+    shape = CHAIN
 
     def candidates(self, max_tokens: int) -> list[tuple[str, list[int]]]:
         span, _ = self.propose(max_tokens)
@@ -46,6 +66,8 @@ class _OneSource:
 class CompetingProposers:
     """Several sources proposing at once (ssr: the suffix tree and n-gram lookup); the span
     policy picks one per pass by expected tokens gained per second."""
+
+    shape = CHAIN
 
     def __init__(self, proposers: dict[str, Proposer]) -> None:
         self.proposers = proposers  # name -> proposer (each names its candidates' sources)

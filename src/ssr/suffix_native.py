@@ -16,6 +16,7 @@ from collections.abc import Iterator, Sequence
 from itertools import islice
 
 from .config import SuffixParams
+from .proposers import CHAIN
 from .suffix_tree import match_bucket
 
 
@@ -31,6 +32,7 @@ class NativeSuffixProposer:
 
     source = "suffix"
     implementation = "arctic-inference"
+    shape = CHAIN
 
     def __init__(self, params: SuffixParams, prompt: Sequence[int], history=None,
                  extend_prob: float | None = None, alternatives: int = 0) -> None:

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from ..proposers import CHAIN
+
 
 class CopyIndex:
     """A generalised suffix automaton over token sequences: `longest(tokens)` is the length of
@@ -84,6 +86,7 @@ class OracleProposer:
     to max_span tokens."""
 
     source = "oracle"
+    shape = CHAIN
 
     def __init__(self, prompt: Sequence[int], future: Sequence[int], earlier: Sequence[Sequence[int]] = (),
                  max_span: int = 64) -> None:

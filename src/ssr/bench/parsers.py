@@ -6,6 +6,9 @@ from ..models import DEFAULT_MODEL
 
 def add_replay_commands(commands) -> None:
     """`simulate` (bench rows under a cost model) and `traces` (text traces in every mode)."""
+    from .peers import REPLAY_PEERS
+    from .trace_replay import TRACE_MODES
+
     sim = commands.add_parser("simulate", help="replay bench traces under a cost model; projected ratios to ar")
     sim.add_argument("--traces", nargs="+", required=True, help="bench folders or JSONL files")
     sim.add_argument("--cost-model", default="gpu",
@@ -44,9 +47,10 @@ def add_replay_commands(commands) -> None:
                     '{"request": {"messages": [...]}, "response": {"choices": [{"message": {"content", '
                     '"reasoning_content"}}]}}; or a served request {"messages", "reasoning", "answer", "model"}.')
     traces.add_argument("files", nargs="+", help="trace files or logs (.jsonl, .jsonl.gz)")
-    traces.add_argument("--modes", default="ar,ssr,paper,suffix,ngram,pld,oracle",
-                        help="comma-separated, from ar, ssr, paper (the CoT decoded plainly), suffix, ngram, pld, "
-                             "oracle (the limit: with hindsight, the longest copy of what comes next a pass)")
+    traces.add_argument("--modes", default=",".join(TRACE_MODES),
+                        help="comma-separated, from ar, ssr, paper (the CoT decoded plainly), the peers (suffix, "
+                             "ngram-v1, pld, " + ", ".join(REPLAY_PEERS) + ") and oracle (the limit: with hindsight, "
+                             "the longest copy of what comes next a pass); default all")
     traces.add_argument("--orders", default="cold,deployment",
                         help="cold (each trace alone) and/or deployment (file order, earlier responses cached)")
     traces.add_argument("--cost-model", default="gpu",

@@ -27,6 +27,7 @@ import numpy as np
 
 from ..costs import Costs
 from ..engines.base import TokenListTree
+from ..proposers import CHAIN
 from ..thinking import ThinkingFormat
 
 # placeholders the loop tokenizes; the engine maps them to the row's forced token ids
@@ -264,6 +265,8 @@ class RecordedSpans:
     """A proposer that replays a run's own spans (`ssr simulate --spans recorded`): at the output
     position where the run verified a span, the same number of tokens, of which the same number
     are right (the model's tokens, then tokens it never writes)."""
+
+    shape = CHAIN
 
     def __init__(self, trace: list[dict], engine: ReplayEngine) -> None:
         self.engine, self.never_id = engine, engine.never_id

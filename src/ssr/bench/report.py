@@ -20,7 +20,9 @@ from ..config import DRAFT_MODES
 from ..metrics import STAGES
 from .sources import ANSWER_SOURCES, COT_SOURCES, sources_table
 
-MODE_ORDER = ("ar", "ssr", "ssr-prefix", "ssr-suffix", "paper", "suffix", "pld", "ngram", "oracle")
+MODE_ORDER = ("ar", "ssr", "ssr-prefix", "ssr-suffix", "paper", "suffix", "pld", "ngram", "ngram-v1", "vllm-ngram",
+              "arctic-tree", "sglang-ngram", "sglang-ngram-prob", "llamacpp-ngram-simple", "llamacpp-ngram-mod",
+              "oracle")
 
 
 def load_rows(paths: Iterable[Path]) -> list[dict]:

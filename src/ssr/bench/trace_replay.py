@@ -39,10 +39,12 @@ from ..decode import Generation
 from ..policy import Plan, PolicyStats
 from ..history import ResponseHistory
 from .oracle import OracleProposer
+from .peers import REPLAY_PEERS
 from .replay import REPLAY_FORMAT, ReplayEngine, RowModel, TreeReplayEngine
 from .traces import TokenTrace
 
-TRACE_MODES = ("ar", "ssr", "paper", "suffix", "ngram", "pld", "oracle")
+TRACE_MODES = ("ar", "ssr", "paper", "suffix", "ngram-v1", "pld", *REPLAY_PEERS, "oracle")
+RENAMED = {"ngram": "ngram-v1 (vLLM's V1 runner; vllm-ngram is its default runner's rule)"}
 ORDERS = ("cold", "deployment")
 _BIG = 1 << 16  # budgets no trace reaches: the trace decides where its CoT and answer end
 SEQUENCES = 8  # sequences a replayed engine holds at once: a parent and its candidate branches
@@ -58,13 +60,17 @@ class CostSetting:
 
 def mode_config(mode: str) -> GenerationConfig:
     """The generation config a trace is replayed under in `mode` (TRACE_MODES)."""
+    if mode in RENAMED:
+        raise ConfigError(f"--modes: {mode!r} is now {RENAMED[mode]}")
     if mode not in TRACE_MODES:
         raise ConfigError(f"--modes: unknown {mode!r}; choose from {', '.join(TRACE_MODES)}")
-    loop_mode = {"paper": "ssr", "oracle": "suffix"}.get(mode, mode)  # the oracle: a peer's loop, its own proposer
+    # the oracle and the replay-only peers: a peer's loop (no draft child), their own proposer
+    loop_mode = {"paper": "ssr", "ngram-v1": "ngram"}.get(mode, "suffix" if mode in OWN_PROPOSER else mode)
     base = GenerationConfig(mode=loop_mode, thinking_budget=_BIG, max_tokens=_BIG // 2, repetition_stop=0)
     return replace(base, cot_spans=False) if mode == "paper" else base
 
 
+OWN_PROPOSER = ("oracle", *REPLAY_PEERS)  # modes replayed with their own proposer in a peer's loop
 CANDIDATES = ("tree", "forks", "chain")  # how the replayed engine verifies several candidates a pass
 
 
@@ -81,15 +87,16 @@ def replay_trace(tokens: TokenTrace, mode: str, setting: CostSetting, order: str
     end = tokens.cot_ids[-1:]  # the end-of-thinking token, forced where a CoT would not end
     model = RowModel(prompt_ids=tokens.prompt_ids, cot_ids=tokens.cot_ids, answer_ids=tokens.answer_ids,
                      forced_end_ids=end, answer_prefix_ids=[], draft_ids=[], draft_forked_at=None)
-    engine = (TreeReplayEngine if candidates == "tree" else ReplayEngine)(
-        model, setting.costs, host=host, max_sequences=1 if candidates == "chain" else SEQUENCES)
     config = mode_config(mode)
-    oracle = OracleProposer(tokens.prompt_ids, tokens.cot_ids + tokens.answer_ids,
-                            history.responses if history is not None else (), config.suffix.max_span) \
-        if mode == "oracle" else None
+    proposer = OracleProposer(tokens.prompt_ids, tokens.cot_ids + tokens.answer_ids,
+                              history.responses if history is not None else (), config.suffix.max_span) \
+        if mode == "oracle" else REPLAY_PEERS[mode](tokens.prompt_ids, history) if mode in REPLAY_PEERS else None
+    tree = candidates == "tree" or (proposer is not None and proposer.shape.tree)  # a peer's engine verifies its tree
+    engine = (TreeReplayEngine if tree else ReplayEngine)(
+        model, setting.costs, host=host, max_sequences=1 if candidates == "chain" else SEQUENCES)
     started = time.perf_counter()
     generation = Generation(engine, REPLAY_FORMAT, config, tokens.prompt_ids, costs=CostModel(table=setting.costs),
-                            stats=stats, plan=NO_DRAFT, history=history, proposer=oracle)
+                            stats=stats, plan=NO_DRAFT, history=history, proposer=proposer)
     result = generation.run()
     wall_s = time.perf_counter() - started
     identical = result.cot_ids == engine.cot and result.answer_ids == engine.answer
@@ -175,7 +182,7 @@ def format_pass_table(table: list[dict], step_ms: float, markdown: bool = False)
     return render_table(columns, lines, markdown)
 
 
-PEERS = ("suffix", "ngram", "pld")  # the peers, as their users run them; `paper` is a reference row
+PEERS = ("suffix", "ngram-v1", "pld", *REPLAY_PEERS)  # the peers, as their users run them; `paper` is a reference row
 
 
 def headline_table(rows: list[dict], step_ms: float = 6.0) -> list[dict]:
