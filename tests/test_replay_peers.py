@@ -397,3 +397,8 @@ def test_every_peer_replays_the_trace_and_none_beats_the_oracle(tmp_path):
               + r["metrics"]["verify_passes"] for r in rows}
     for (order, item, mode), count in passes.items():
         assert count >= passes[(order, item, "oracle")], mode
+
+
+def test_the_renamed_ngram_mode_says_its_new_names():
+    with pytest.raises(ConfigError, match="ngram-v1.*vllm-ngram"):
+        mode_config("ngram")
