@@ -59,7 +59,7 @@ class Branches:
         branch), a living child's next step in the same pass (engine.score_batch)."""
         if len(spans) == 1 and child is None:
             feed = [pending] + spans[0]
-            padding = [self.shape.pad] * max(0, (self.shape.width or 0) - len(feed))  # a peer's fixed width
+            padding = [self.shape.pad] * self.shape.padding(len(feed))  # a peer's fixed width
             return [self._score(self.parent, feed + padding, thinking=thinking)[: len(feed)].copy()]
         self._forks = [self._own(self.engine.fork(self.parent)) for _ in spans[1:]]
         feeds = [(seq, [pending] + span) for seq, span in zip([self.parent] + self._forks, spans)]
@@ -77,7 +77,7 @@ class Branches:
         tree.build_tree) -> rows [n, vocab] per node, banned tokens masked while thinking, or
         token ids [n] (masked by the engine)."""
         self._tree = tree = build_tree(pending, spans)
-        padding = max(0, (self.shape.width or 0) - len(tree.token_ids))  # a peer's fixed width: root's children
+        padding = self.shape.padding(len(tree.token_ids))  # a peer's fixed width: the root's children
         rows = self.engine.score_tree(self.parent, tree.token_ids + [self.shape.pad] * padding,
                                       tree.parents + [0] * padding, **self._want(thinking))[: len(tree.token_ids)]
         if thinking and rows.ndim == 2:

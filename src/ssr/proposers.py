@@ -21,15 +21,15 @@ PEER_SUFFIX = SuffixParams(max_depth=24, max_span=24, span_factor=1.0, min_prob=
 
 @dataclass(frozen=True)
 class Shape:
-    """How a proposer's candidates are verified, declared by the proposer: one chain a pass (the
-    span policy picks it where there are several), or all of them as the paths of one token tree
-    (a peer whose engine verifies its own tree: SGLang's NGRAM, arctic's tree mode). `width`: the
-    tokens every verify pass feeds whatever was proposed, the pending token and padding included
-    (SGLang verifies D tokens a step, a match or not); None: what was proposed."""
+    """How a proposer's candidates are verified, declared by it: one chain a pass, or all of them
+    as one token tree (a peer whose engine verifies its own: SGLang, arctic's tree mode)."""
 
     tree: bool = False  # every candidate a path of one tree, verified in one pass
-    width: int | None = None  # tokens fed per verify pass, padding included (None: as proposed)
+    width: int | None = None  # tokens every pass feeds, a match or not, pending and padding included
     pad: int = 0  # the token padding feeds
+
+    def padding(self, fed: int) -> int:
+        return max(0, (self.width or 0) - fed)  # pad tokens a pass of `fed` tokens adds
 
 
 CHAIN = Shape()  # one span a pass, fed as proposed: ssr's sources and the chain peers
@@ -52,7 +52,7 @@ class Proposer(Protocol):
         """(source name, span) of every non-empty proposal, for a span policy to choose from."""
 
 
-class _OneSource:
+class OneSource:
     """`candidates` for a proposer that is a single source named `source`."""
 
     source = ""
@@ -92,7 +92,7 @@ class CompetingProposers:
         return [candidate for proposer in self.proposers.values() for candidate in proposer.candidates(max_tokens)]
 
 
-class ArcticSuffixProposer(_OneSource):
+class ArcticSuffixProposer(OneSource):
     """The `suffix` peer on arctic-inference's C++ suffix tree, the library vLLM's `suffix`
     method calls, driven as vLLM's SuffixDecodingProposer drives it: the prompt starts a request,
     committed tokens extend its response (in the cache's global tree as they are written), the
@@ -137,7 +137,7 @@ def suffix_peer(prompt: Sequence[int], history: ResponseHistory | None) -> Propo
         return SuffixProposer(PEER_SUFFIX, [prompt], history)
 
 
-class SuffixProposer(_OneSource):
+class SuffixProposer(OneSource):
     """Suffix decoding over source sequences (prompt, drafts), the live output and earlier
     responses, as vLLM's `suffix` method does over the prompt, the output so far and its global
     tree. The context's suffix nodes are kept up to date token by token in both trees, so a
@@ -189,7 +189,7 @@ class SuffixProposer(_OneSource):
         return best
 
 
-class PromptLookupProposer(_OneSource):
+class PromptLookupProposer(OneSource):
     """Prompt-lookup decoding as transformers runs it (`prompt_lookup_num_tokens=10`, its
     default `max_matching_ngram_size=2`): the last n tokens (n = max_ngram down to min_ngram)
     are looked up in prompt + output, the earliest occurrence with a continuation wins, and the

@@ -44,6 +44,7 @@ from .replay import REPLAY_FORMAT, ReplayEngine, RowModel, TreeReplayEngine
 from .traces import TokenTrace
 
 TRACE_MODES = ("ar", "ssr", "paper", "suffix", "ngram-v1", "pld", *REPLAY_PEERS, "oracle")
+OWN_PROPOSER = ("oracle", *REPLAY_PEERS)  # modes replayed with their own proposer in a peer's loop
 RENAMED = {"ngram": "ngram-v1 (vLLM's V1 runner; vllm-ngram is its default runner's rule)"}
 ORDERS = ("cold", "deployment")
 _BIG = 1 << 16  # budgets no trace reaches: the trace decides where its CoT and answer end
@@ -70,7 +71,6 @@ def mode_config(mode: str) -> GenerationConfig:
     return replace(base, cot_spans=False) if mode == "paper" else base
 
 
-OWN_PROPOSER = ("oracle", *REPLAY_PEERS)  # modes replayed with their own proposer in a peer's loop
 CANDIDATES = ("tree", "forks", "chain")  # how the replayed engine verifies several candidates a pass
 
 

@@ -13,6 +13,15 @@ from ...history import ResponseHistory
 from ...proposers import Proposer
 
 
+class TreeSource:
+    """`propose` for a peer whose `candidates` are the paths of its own token tree: the first
+    path (the protocol's one-span view; the loop verifies the whole tree, Shape.tree)."""
+
+    def propose(self, max_tokens: int) -> tuple[list[int], list[float] | None]:
+        found = self.candidates(max_tokens)
+        return (found[0][1], None) if found else ([], None)
+
+
 def _vllm_ngram(prompt: Sequence[int], history: ResponseHistory | None) -> Proposer:
     from .vllm_ngram import VllmNgramProposer
 

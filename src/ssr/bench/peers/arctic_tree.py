@@ -19,6 +19,7 @@ from collections.abc import Sequence
 
 from ...history import ResponseHistory
 from ...proposers import Shape
+from . import TreeSource
 
 MAX_DEPTH = 64  # simulator.py --max-depth
 MIN_TOKEN_PROB = 0.1  # --min-token-prob
@@ -42,7 +43,7 @@ def leaf_paths(token_ids: Sequence[int], parents: Sequence[int]) -> list[list[in
     return paths
 
 
-class ArcticTreeProposer:
+class ArcticTreeProposer(TreeSource):
     """The tree above, verified as one token tree a step (priced by its nodes)."""
 
     source = "arctic-tree"
@@ -70,8 +71,3 @@ class ArcticTreeProposer:
         draft = self.cache.speculate(self.request_id, self.context, max_spec_tokens=limit,
                                      max_spec_factor=SPEC_FACTOR, min_token_prob=MIN_TOKEN_PROB, use_tree_spec=True)
         return [(self.source, path) for path in leaf_paths(draft.token_ids, draft.parents)]
-
-    def propose(self, max_tokens: int) -> tuple[list[int], list[float] | None]:
-        """The tree's first path (the protocol's one-span view; the loop verifies the tree)."""
-        found = self.candidates(max_tokens)
-        return (found[0][1], None) if found else ([], None)

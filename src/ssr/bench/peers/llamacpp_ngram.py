@@ -28,7 +28,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ...history import ResponseHistory
-from ...proposers import CHAIN
+from ...proposers import OneSource
 
 SIMPLE_N, SIMPLE_M = 12, 48  # common.h: speculative ngram_simple size_n, size_m
 MOD_N, MOD_MIN, MOD_MAX = 24, 48, 64  # common.h: ngram_mod n_match, n_min, n_max
@@ -36,11 +36,10 @@ POOL_SLOTS = 4 * 1024 * 1024  # speculative.cpp: the pool's size
 _MULTIPLIER, _MASK = 6364136223846793005, (1 << 64) - 1  # ngram-mod.cpp: the hash's LCG step, uint64
 
 
-class NgramSimpleProposer:
+class NgramSimpleProposer(OneSource):
     """ngram-simple: stateless; every start of each 12-gram kept to find its latest occurrence."""
 
-    source = "llamacpp-ngram-simple"
-    shape = CHAIN
+    source = "llamacpp-ngram-simple"  # one chain, as proposed (OneSource.shape)
 
     def __init__(self, prompt: Sequence[int]) -> None:
         self.tokens: list[int] = []  # prompt + output (the last is id_last)
@@ -61,24 +60,20 @@ class NgramSimpleProposer:
             if len(self.tokens) >= SIMPLE_N:
                 self.starts.setdefault(tuple(self.tokens[-SIMPLE_N:]), []).append(len(self.tokens) - SIMPLE_N)
 
-    def candidates(self, max_tokens: int) -> list[tuple[str, list[int]]]:
+    def propose(self, max_tokens: int) -> tuple[list[int], list[float] | None]:
         history = len(self.tokens) - 1  # the KV history, id_last not in it
         if not self.output or history <= SIMPLE_N + SIMPLE_M + 1 or max_tokens < 1:
-            return []
+            return [], None
         latest = history - SIMPLE_N - 1  # the search starts here, backwards, and stops before 0
         found = next((j for j in reversed(self.starts.get(tuple(self.tokens[-SIMPLE_N:]), ())) if 1 <= j <= latest),
                      None)
         if found is None:
-            return []
+            return [], None
         count = min(SIMPLE_M, history - (found + SIMPLE_N))
         if count < SIMPLE_N:
-            return []
+            return [], None
         start = found + SIMPLE_N
-        return [(self.source, self.tokens[start: start + count][:max_tokens])]
-
-    def propose(self, max_tokens: int) -> tuple[list[int], list[float] | None]:
-        found = self.candidates(max_tokens)
-        return (found[0][1], None) if found else ([], None)
+        return self.tokens[start: start + count][:max_tokens], None
 
 
 def _hash(key: Sequence[int]) -> int:
@@ -99,11 +94,10 @@ class NgramPool:
         self.slots[_hash(tokens[at: at + MOD_N])] = tokens[at + MOD_N]
 
 
-class NgramModProposer:
+class NgramModProposer(OneSource):
     """ngram-mod over the shared pool."""
 
-    source = "llamacpp-ngram-mod"
-    shape = CHAIN
+    source = "llamacpp-ngram-mod"  # one chain, as proposed (OneSource.shape)
 
     def __init__(self, prompt: Sequence[int], history: ResponseHistory | None = None) -> None:
         self.pool = history.kept("llamacpp-ngram-mod", NgramPool) if history is not None else NgramPool()
@@ -134,11 +128,11 @@ class NgramModProposer:
         self.tokens += [int(t) for t in token_ids]
         self.output += len(token_ids)
 
-    def candidates(self, max_tokens: int) -> list[tuple[str, list[int]]]:
+    def propose(self, max_tokens: int) -> tuple[list[int], list[float] | None]:
         self.drafted = 0
         history = len(self.tokens) - 1  # the KV history, id_last not in it
         if not self.output or history < MOD_N or max_tokens < 1:
-            return []
+            return [], None
         if self.indexed + 32 < history:
             for at in range(self.indexed, history - MOD_N):
                 self.pool.add(self.tokens, at)
@@ -148,13 +142,9 @@ class NgramModProposer:
             token = self.pool.slots.get(_hash(window[i: i + MOD_N]))
             if token is None:
                 if i < MOD_MIN:
-                    return []
+                    return [], None
                 break
             window.append(token)
             draft.append(token)
         self.drafted = len(draft)
-        return [(self.source, draft[:max_tokens])]
-
-    def propose(self, max_tokens: int) -> tuple[list[int], list[float] | None]:
-        found = self.candidates(max_tokens)
-        return (found[0][1], None) if found else ([], None)
+        return draft[:max_tokens], None

@@ -30,6 +30,7 @@ from collections.abc import Sequence
 
 from ...history import ResponseHistory
 from ...proposers import Shape
+from . import TreeSource
 
 DRAFT_TOKENS = 12  # --speculative-num-draft-tokens unset: D, the root included
 MAX_DEPTH = 18  # --speculative-ngram-max-trie-depth
@@ -73,7 +74,7 @@ class Trie:
                 node = child
 
 
-class SglangNgramProposer:
+class SglangNgramProposer(TreeSource):
     """One request's drafts from the shared trie, as a token tree of D nodes a step."""
 
     shape = Shape(tree=True, width=DRAFT_TOKENS, pad=PAD)
@@ -107,10 +108,6 @@ class SglangNgramProposer:
         if len(tree) < DRAFT_TOKENS and PAD not in tree[0]:  # len(tree): the root and the nodes
             paths.append([PAD])
         return [(self.source, path[:max_tokens]) for path in paths]
-
-    def propose(self, max_tokens: int) -> tuple[list[int], list[float] | None]:
-        found = self.candidates(max_tokens)
-        return (found[0][1], None) if found else ([], None)
 
     def _match(self) -> list[tuple[Node, int]]:
         """(anchor node, its depth d) with children, longest first (trie.cpp `MatchState`)."""

@@ -19,16 +19,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ...proposers import CHAIN
+from ...proposers import OneSource
 
 
-class VllmNgramProposer:
+class VllmNgramProposer(OneSource):
     """The rule above, kept up to date token by token: per n, each n-gram's two latest starts
     (the latest is the context's own suffix once the n-gram ends it; the one before it is the
     rightmost occurrence vLLM's scan finds)."""
 
-    source = "vllm-ngram"
-    shape = CHAIN  # one chain of exactly K tokens a step
+    source = "vllm-ngram"  # one chain of exactly K tokens a step (OneSource.shape)
 
     def __init__(self, prompt: Sequence[int], n_min: int = 4, n_max: int = 4, k: int = 5) -> None:
         self.n_min, self.n_max, self.k = n_min, n_max, k  # prompt_lookup_min / _max, num_speculative_tokens
@@ -59,7 +58,3 @@ class VllmNgramProposer:
                 break
         draft += [tokens[-1]] * (self.k - len(draft))  # K always: the last sampled token fills in
         return draft[:max_tokens], None
-
-    def candidates(self, max_tokens: int) -> list[tuple[str, list[int]]]:
-        span, _ = self.propose(max_tokens)
-        return [(self.source, span)] if span else []
