@@ -48,6 +48,36 @@ def body_with(**fields) -> bytes:
     return json.dumps({**CHAT, **fields}).encode()
 
 
+TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}
+CALL = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}
+TOOL_CASES = [  # tools, tool_choice, parallel_tool_calls and earlier calls: (raw body, expected status)
+    (body_with(tools=[TOOL], tool_choice="required"), 200),
+    (body_with(tools=[TOOL], tool_choice="none"), 200),
+    (body_with(tools=[TOOL], tool_choice={"type": "function", "function": {"name": "get_weather"}}), 200),
+    (body_with(tools=[TOOL], tool_choice={"type": "function", "function": {"name": "other"}}), 400),
+    (body_with(tools=[TOOL], tool_choice="always"), 400),
+    (body_with(tool_choice="required"), 400),  # no tools to call
+    (body_with(tools=[TOOL], parallel_tool_calls=False), 200),
+    (body_with(tools=[TOOL], parallel_tool_calls="no"), 422),
+    (body_with(tools=TOOL), 422),  # not a list
+    (body_with(tools=[TOOL, TOOL]), 400),  # a name offered twice
+    (body_with(tools=[{"type": "retrieval"}]), 400),
+    (body_with(tools=[{"type": "function", "function": {"name": "has space"}}]), 400),
+    (body_with(tools=[{"type": "function", "function": {"name": "f", "parameters": []}}]), 400),
+    (body_with(tools=[{"type": "function", "function": {"name": "f", "parameters": {"type": "array"}}}]), 400),
+    (body_with(tools=[{"type": "function", "function": {"name": "f", "description": 3}}]), 422),
+    (body_with(tools=[{"type": "function"}]), 422),
+    (body_with(tools=[TOOL], messages=[*CHAT["messages"], {"role": "assistant", "content": None, "tool_calls": [CALL]},
+                                       {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}]), 200),
+    (body_with(tools=[TOOL], messages=[*CHAT["messages"], {"role": "assistant", "tool_calls": [CALL]}]), 200),
+    (body_with(messages=[*CHAT["messages"], {"role": "assistant", "tool_calls": [
+        {**CALL, "function": {"name": "get_weather", "arguments": "{not json"}}]}]), 400),
+    (body_with(messages=[*CHAT["messages"], {"role": "assistant", "tool_calls": {"a": 1}}]), 422),
+    (body_with(messages=[*CHAT["messages"], {"role": "assistant", "tool_calls": [{"function": "f"}]}]), 422),
+    (body_with(messages=[*CHAT["messages"], {"role": "tool", "content": "x", "tool_call_id": 5}]), 422),
+    (body_with(messages=[*CHAT["messages"], {"role": "function", "content": "x", "name": "f"}]), 400),
+    (body_with(functions=[{"name": "f"}]), 400),  # the deprecated form
+]
 HOSTILE = [  # (raw body, expected status)
     (b"[" * 5000 + b"]" * 5000, 422),  # nesting deeper than the JSON parser recurses
     (b'{"model": "fake", "messages": ' + b"[" * 100000 + b"]" * 100000 + b"}", 422),
@@ -68,10 +98,11 @@ HOSTILE = [  # (raw body, expected status)
     (body_with(ssr={"thinking_budget": 0}), 200),  # no chain of thought, no draft
     (body_with(ssr={"thinking_budget": 4, "draft_at": 8}), 400),  # both set by the client: contradict
     (body_with(messages=[{"role": "developer", "content": "Be brief."}, CHAT["messages"][0]]), 200),
-    (body_with(messages=[*CHAT["messages"], {"role": "tool", "content": "42", "tool_call_id": "x"}]), 400),
-    (body_with(tools=[{"type": "function", "function": {"name": "f"}}]), 400),
+    (body_with(messages=[*CHAT["messages"], {"role": "tool", "content": "42", "tool_call_id": "x"}]), 200),
+    (body_with(tools=[{"type": "function", "function": {"name": "f"}}]), 200),
     (body_with(tools=[], tool_choice="auto"), 200),
-    (body_with(tool_choice={"type": "function"}), 400),
+    (body_with(tool_choice={"type": "function"}), 422),
+    *TOOL_CASES,
     (body_with(logit_bias={"50256": -100}), 400),
     (body_with(logit_bias={}), 200),
     (body_with(logprobs=True), 400),
@@ -258,7 +289,13 @@ json_leaf = st.one_of(st.none(), st.booleans(), st.integers(-2**70, 2**70), st.f
 json_value = st.recursive(json_leaf, lambda inner: st.lists(inner, max_size=3) |
                           st.dictionaries(st.text(max_size=8), inner, max_size=3), max_leaves=8)
 message = st.fixed_dictionaries({"role": st.sampled_from(["user", "system", "developer", "assistant", "tool", "x"]),
-                                 "content": st.one_of(st.text(max_size=40), json_value)})
+                                 "content": st.one_of(st.text(max_size=40), json_value)},
+                                optional={"tool_calls": st.one_of(st.just([CALL]), json_value),
+                                          "tool_call_id": st.one_of(st.text(max_size=8), json_value)})
+tools = st.one_of(st.just([TOOL]), st.lists(st.fixed_dictionaries(
+    {"type": st.sampled_from(["function", "x"]), "function": st.fixed_dictionaries(
+        {"name": st.one_of(st.sampled_from(["get_weather", "f"]), st.text(max_size=8))},
+        optional={"parameters": json_value, "description": json_value})}), max_size=2), json_value)
 FIELDS = {
     "model": st.one_of(st.just("fake"), json_value),
     "messages": st.one_of(st.lists(message, max_size=3), json_value),
@@ -274,7 +311,10 @@ FIELDS = {
     "stream_options": st.one_of(st.fixed_dictionaries({"include_usage": st.booleans()}), json_value),
     "stop": st.one_of(st.text(max_size=4), st.lists(st.text(max_size=4), max_size=5), json_value),
     "reasoning_effort": st.one_of(st.sampled_from(["none", "minimal", "low", "medium", "high"]), json_value),
-    "logit_bias": json_value, "tools": json_value, "user": json_value, "metadata": json_value,
+    "logit_bias": json_value, "tools": tools, "user": json_value, "metadata": json_value,
+    "tool_choice": st.one_of(st.sampled_from(["auto", "none", "required", {"type": "function", "function":
+                                              {"name": "get_weather"}}]), json_value),
+    "parallel_tool_calls": st.one_of(st.booleans(), json_value),
     "ssr": st.one_of(st.dictionaries(st.sampled_from(["mode", "thinking_budget", "draft_at", "draft_tokens",
                                                       "verify", "policy", "template", "draft_interval"]),
                                      st.one_of(st.integers(-2, 40), st.sampled_from(["ssr", "ar", "suffix",

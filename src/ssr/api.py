@@ -1,6 +1,8 @@
 """The library's front door: a model loaded once, requests generated from prompts."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 from .config import GenerationConfig
 from .decode import Generation
 from .walk import Result
@@ -10,6 +12,8 @@ from .costs import CostModel
 from .policy import PolicyStats
 from .history import ResponseHistory
 from .thinking import ThinkingFormat, build_messages, detect_format, render_chat, with_system
+from .tools import (ToolUse, detect_tool_format, forced_call_prefix, hermes_messages, template_messages,
+                    template_renders_tools)
 
 
 class SSR:
@@ -51,15 +55,34 @@ class SSR:
         """An engine driven by requests (vLLM), not by sequence steps."""
         return getattr(self.engine, "kind", "sequences") == "requests"
 
-    def format(self, template: str | None = None) -> ThinkingFormat:
-        return detect_format(self.engine.chat_template, template or self.template)
+    def format(self, template: str | None = None, tools: ToolUse | None = None) -> ThinkingFormat:
+        """The request's thinking format. With tools, a model without native thinking answers
+        without thinking (format "none": a thinking template talks a small instruct model out
+        of its tool-call format), and the answer starts with what tool_choice forces
+        ("required": a call; a name: a call of it)."""
+        template = template or self.template
+        fmt = detect_format(self.engine.chat_template, template)
+        if tools is None or not tools.active:
+            return fmt
+        if template == "auto" and fmt.system:  # a thinking template, not the model's own markers
+            fmt = detect_format(self.engine.chat_template, "none")
+        prefix = forced_call_prefix(detect_tool_format(self.engine.chat_template), tools.choice)
+        return replace(fmt, answer_prefix=fmt.answer_prefix + prefix, answer_stop="") if prefix else fmt
 
-    def prompt_ids(self, prompt: str | list[dict[str, str]], template: str | None = None) -> list[int]:
+    def prompt_ids(self, prompt: str | list[dict], template: str | None = None,
+                   tools: ToolUse | None = None) -> list[int]:
         """Chat-templated prompt (one user turn, or a list of chat messages), the assistant
-        turn opened with the thinking start marker."""
-        fmt = self.format(template)
+        turn opened with the thinking start marker; offered tools rendered as the template
+        renders them (or as a Hermes block where it renders none)."""
+        fmt = self.format(template, tools)
         messages = build_messages(prompt, fmt) if isinstance(prompt, str) else with_system(prompt, fmt)
-        text = render_chat(self.engine.chat_template, messages, self.engine.bos_text, self.engine.eos_text)
+        offered = list(tools.tools) if tools is not None and tools.active else None
+        if template_renders_tools(self.engine.chat_template):
+            messages = template_messages(messages)
+        else:
+            messages, offered = hermes_messages(messages, offered), None
+        text = render_chat(self.engine.chat_template, messages, self.engine.bos_text, self.engine.eos_text,
+                           tools=offered)
         add_bos = getattr(self.engine, "add_bos", False) and not text.startswith(self.engine.bos_text or "\0")
         return self.engine.tokenize(text + fmt.start + fmt.steer, add_bos=add_bos)
 
@@ -71,17 +94,21 @@ class SSR:
             self._banned[banned] = [t for t, piece in enumerate(pieces) if any(b in piece for b in banned)]
         return self._banned.get(banned, [])
 
-    def start(self, prompt: str | list[dict[str, str]], config: GenerationConfig, template: str | None = None,
-              history: ResponseHistory | None = None) -> Generation:
+    def start(self, prompt: str | list[dict], config: GenerationConfig, template: str | None = None,
+              history: ResponseHistory | None = None, tools: ToolUse | None = None) -> Generation:
         """A request ready to iterate (streaming); `.result` once iterated. `history`: earlier
-        responses to copy from (default: this model's earlier requests)."""
-        fmt = self.format(template)
+        responses to copy from (default: this model's earlier requests); `tools`: the request's
+        tools (the answer's calls are read by the caller: tools.CallStream)."""
+        fmt = self.format(template, tools)
+        prompt_ids = self.prompt_ids(prompt, template, tools)
+        if fmt.name == "none" and config.thinking_budget:  # nothing to think inside
+            config = replace(config, thinking_budget=0, draft_at=0)
         if self.requests_based:
             from .decode_vllm import VllmGeneration
 
-            return VllmGeneration(self.engine, fmt, config, self.prompt_ids(prompt, template), self.banned_ids(fmt),
+            return VllmGeneration(self.engine, fmt, config, prompt_ids, self.banned_ids(fmt),
                                   costs=self.costs, stats=self.stats)
-        return Generation(self.engine, fmt, config, self.prompt_ids(prompt, template), self.banned_ids(fmt),
+        return Generation(self.engine, fmt, config, prompt_ids, self.banned_ids(fmt),
                           costs=self.costs, stats=self.stats, history=self.history if history is None else history)
 
     def generate(self, prompt: str, config: GenerationConfig, template: str | None = None) -> Result:

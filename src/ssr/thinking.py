@@ -73,7 +73,10 @@ FORMATS["cpp"] = replace(FORMATS["code"], name="cpp", answer_prefix="\n\n```cpp\
 # CoT, the format's braces banned there, the formatted trace after the end marker
 FORMATS["trace"] = replace(FORMATS["code"], name="trace", answer_prefix="\n\n", system=TRACE_SYSTEM,
                            banned_while_thinking=("{", "}"), steer=TRACE_PLAN_STEER, answer_stop="")
-TEMPLATE_CHOICES = ("auto", "code", "cpp", "trace", "plain")
+# no thinking at all: the answer right after the prompt (tools on a model that does not reason by
+# itself: a thinking template talks such a model out of its tool-call format); budget 0
+FORMATS["none"] = ThinkingFormat("none", "", "", "", "")
+TEMPLATE_CHOICES = ("auto", "code", "cpp", "trace", "plain", "none")
 
 
 def detect_format(chat_template: str | None, template: str = "auto") -> ThinkingFormat:
@@ -108,21 +111,32 @@ def with_system(messages: list[dict[str, str]], fmt: ThinkingFormat) -> list[dic
     return [{"role": "system", "content": fmt.system}] + list(messages)
 
 
-def render_chat(chat_template: str | None, messages: list[dict[str, str]], bos: str, eos: str) -> str:
-    """Render a Hugging Face chat template (jinja) with a generation prompt.
+def render_chat(chat_template: str | None, messages: list[dict], bos: str, eos: str,
+                tools: list[dict] | None = None) -> str:
+    """Render a Hugging Face chat template (jinja) with a generation prompt, as transformers
+    renders it (its `tojson` and `strftime_now`); `tools` go to the template's own argument.
 
     Models without a template get ChatML, the format both registry models use.
     """
     if not chat_template:
         text = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages)
         return text + "<|im_start|>assistant\n"
+    import json
+    import time
+
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
     def raise_exception(message: str) -> None:
         raise ConfigError(f"chat template: {message}")
 
+    def tojson(value, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+        return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
     env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = lambda fmt: time.strftime(fmt)
+    env.filters["tojson"] = tojson
+    extra = {"tools": tools} if tools else {}
     return env.from_string(chat_template).render(
-        messages=messages, add_generation_prompt=True, bos_token=bos, eos_token=eos
+        messages=messages, add_generation_prompt=True, bos_token=bos, eos_token=eos, **extra
     )

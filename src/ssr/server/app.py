@@ -39,7 +39,7 @@ def create_app(model, served_name: str, max_queue: int = 16, timeout_s: float = 
     defaults = defaults or GenerationConfig()
     served = {served_name, *aliases}
     stats = Stats()
-    scheduler = Scheduler(model, max_queue, timeout_s, stats, served_name, slots=slots)
+    scheduler = Scheduler(model, max_queue, timeout_s, stats, served_name, slots=slots, log=log)
     metrics_out = ServerMetrics(stats, scheduler, model.engine)
     scheduler.on_finished.append(metrics_out.observe)
     request_log = RequestLog(log_requests, log) if log_requests else None
@@ -96,7 +96,7 @@ def create_app(model, served_name: str, max_queue: int = 16, timeout_s: float = 
         prompt_tokens = first[1]["prompt_tokens"]
         if parsed.stream:
             return StreamingResponse(_sse(job, parsed, served_name, prompt_tokens), media_type="text/event-stream")
-        reasoning, answer = [], []
+        reasoning, answer, calls = [], [], []
         while True:
             event = await _next_event(job, request)
             if event is None:
@@ -107,9 +107,9 @@ def create_app(model, served_name: str, max_queue: int = 16, timeout_s: float = 
             if name == "done":
                 body = final_response(parsed, served_name, "".join(reasoning).strip(), "".join(answer).strip(),
                                       payload["finish_reason"], usage(prompt_tokens, payload["metrics"]),
-                                      payload["metrics"])
+                                      payload["metrics"], calls)
                 return JSONResponse(body)
-            (reasoning if name == "reasoning" else answer).append(payload)
+            {"reasoning": reasoning, "answer": answer, "tool_call": calls}[name].append(payload)
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request):
@@ -242,6 +242,7 @@ async def _sse(job: Job, request: ParsedRequest, model: str, prompt_tokens: int)
         return f"data: {json.dumps(payload)}\n\n"
 
     chat = request.kind == "chat"
+    calls = 0  # tool calls sent: each delta carries its index
     try:
         if chat:
             yield data(chat_chunk(request, model, {"role": "assistant", "content": ""}))
@@ -250,6 +251,10 @@ async def _sse(job: Job, request: ParsedRequest, model: str, prompt_tokens: int)
             if name == "error":
                 yield data(payload.body())
                 break
+            if name == "tool_call":  # a whole call in one delta (clients join deltas by index)
+                yield data(chat_chunk(request, model, {"tool_calls": [payload.as_openai(calls)]}))
+                calls += 1
+                continue
             if name in ("reasoning", "answer"):
                 if chat:
                     yield data(chat_chunk(request, model, {"reasoning_content" if name == "reasoning" else "content":

@@ -34,7 +34,7 @@ class Finished:
     request_id: str
     model: str
     prompt: str | list[dict[str, str]]  # the completion text or the chat messages
-    finish: str  # stop, length, cancelled, timeout, error
+    finish: str  # stop, length, tool_calls, cancelled, timeout, error
     queued_s: float  # waiting before the worker took it
     first_token_s: float | None  # the first reasoning or answer text (None: none came)
     first_answer_s: float | None  # the first answer text
@@ -43,6 +43,9 @@ class Finished:
     trace: list[dict] = field(default_factory=list)  # verify events (kind, source, proposed, accepted)
     reasoning: str = ""
     answer: str = ""
+    tool_calls: tuple = ()  # tools.ToolCall read from the answer
+    tool_call_problems: tuple[str, ...] = ()  # why call-looking text stayed content
+    tools: object = None  # the request's tools.ToolUse, if it offered tools
 
 
 class ServerMetrics:
@@ -101,7 +104,7 @@ class ServerMetrics:
             generated = m["cot_tokens"] + m["forced_tokens"] + m["answer_tokens"]  # usage.completion_tokens
             self.prompt_total.labels(*key).inc(m["prompt_tokens"])
             self.generation_total.labels(*key).inc(generated)
-            if done.finish in ("stop", "length"):
+            if done.finish in ("stop", "length", "tool_calls"):
                 self.success.labels(*key, done.finish).inc()
                 self.e2e.labels(*key).observe(done.e2e_s)
                 self.prompt_tokens.labels(*key).observe(m["prompt_tokens"])
@@ -196,6 +199,7 @@ class RequestLog:
         m = done.metrics
         record = {"id": done.request_id, "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "model": done.model,
                   "mode": m["mode"], "messages": messages, "reasoning": done.reasoning, "answer": done.answer,
+                  **_tool_fields(done),
                   "finish": done.finish, "seconds": {"queued": done.queued_s, "first_token": done.first_token_s,
                                                      "first_answer_token": done.first_answer_s, "e2e": done.e2e_s},
                   "tokens": {"prompt": m["prompt_tokens"], "reasoning": m["cot_tokens"], "answer": m["answer_tokens"]},
@@ -221,3 +225,15 @@ class RequestLog:
         if self.error is None:
             self.log(f"ssr: request log {self.path}: {error}; requests go on unlogged")
         self.error = str(error)
+
+
+def _tool_fields(done: Finished) -> dict:
+    """A tool-calling request's tools and calls, as the chat API spells them (`ssr traces` reads
+    them back and renders them as the model's template does)."""
+    if done.tools is None:
+        return {}
+    out = {"tools": list(done.tools.tools), "tool_choice": done.tools.choice,
+           "tool_calls": [call.as_openai() for call in done.tool_calls]}
+    if done.tool_call_problems:
+        out["tool_call_problems"] = list(done.tool_call_problems)
+    return out

@@ -2,8 +2,9 @@
 
 Malformed bodies (not JSON, NaN/Infinity, not an object, a required field missing, a
 field of the wrong type) raise `ApiError` 422; well-formed bodies with invalid values or
-features ssr does not offer (tools, logit_bias, logprobs, penalties) raise 400; an unknown
-model 404. SSR's own options ride in the body as `"ssr": {...}`.
+features ssr does not offer (logit_bias, logprobs, penalties) raise 400; an unknown
+model 404. Tools (`tools`, `tool_choice`, `parallel_tool_calls`, `role: tool` messages) are read
+by server/tool_request.py. SSR's own options ride in the body as `"ssr": {...}`.
 """
 from __future__ import annotations
 
@@ -15,16 +16,18 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..config import MODES, ConfigError, GenerationConfig, SamplingParams
+from ..tools import ToolUse
+from .tool_request import assistant_calls, tool_use
 
-ROLES = ("system", "developer", "user", "assistant")  # developer: OpenAI's newer name for system
+ROLES = ("system", "developer", "user", "assistant", "tool")  # developer: OpenAI's newer name for system
 # reasoning_effort -> thinking budget, as a multiple of the server's default (medium: the default)
 EFFORT = {"none": 0.0, "minimal": 0.125, "low": 0.25, "medium": 1.0, "high": 2.0}
 # fields ssr does not act on: refused (400) unless they ask for nothing (the value a client sends by default)
 UNSUPPORTED = {
-    "tools": ("tools (function calling) are not supported", lambda v: v in (None, [])),
-    "functions": ("functions (function calling) are not supported", lambda v: v in (None, [])),
-    "tool_choice": ("tool_choice is not supported: no tools", lambda v: v in (None, "none", "auto")),
-    "function_call": ("function_call is not supported: no tools", lambda v: v in (None, "none", "auto")),
+    "functions": ("functions (the deprecated form of tools) are not supported: send tools",
+                  lambda v: v in (None, [])),
+    "function_call": ("function_call (the deprecated form of tool_choice) is not supported: send tool_choice",
+                      lambda v: v in (None, "none", "auto")),
     "logit_bias": ("logit_bias is not supported: ssr answers exactly what the model would", lambda v: v in (None, {})),
     "logprobs": ("logprobs are not returned by ssr", lambda v: v in (None, False, 0)),
     "top_logprobs": ("logprobs are not returned by ssr", lambda v: v in (None, 0)),
@@ -53,12 +56,13 @@ class ApiError(Exception):
 @dataclass(frozen=True)
 class ParsedRequest:
     kind: str  # "chat" or "completion"
-    prompt: str | list[dict[str, str]]  # completion text, or chat messages
+    prompt: str | list[dict]  # completion text, or chat messages
     config: GenerationConfig
     template: str | None
     stream: bool
     include_usage: bool
     stop: tuple[str, ...]
+    tools: ToolUse | None = None  # the request's tools (chat only)
     request_id: str = field(default_factory=lambda: f"ssr-{uuid.uuid4().hex[:24]}")
     created: int = field(default_factory=lambda: int(time.time()))
 
@@ -102,7 +106,7 @@ def _typed(body: dict, name: str, kinds: type | tuple[type, ...], default: Any =
     return value
 
 
-def _messages(body: dict) -> list[dict[str, str]]:
+def _messages(body: dict) -> list[dict]:
     messages = body.get("messages")
     if not isinstance(messages, list):
         raise ApiError(422, "messages is required: a list of {role, content} objects", param="messages")
@@ -111,26 +115,39 @@ def _messages(body: dict) -> list[dict[str, str]]:
     out = []
     for index, message in enumerate(messages):
         where = f"messages[{index}]"
-        if not isinstance(message, dict) or "role" not in message or "content" not in message:
+        if not isinstance(message, dict) or "role" not in message:
             raise ApiError(422, f"{where} must be an object with role and content", param=where)
-        if message["role"] in ("tool", "function"):
-            raise ApiError(400, f"{where}: tool results are not supported (ssr serves no tools)",
+        role = message["role"]
+        if role == "function":
+            raise ApiError(400, f"{where}: role function (the deprecated form) is not supported: use role tool",
                            param=f"{where}.role")
-        if message["role"] not in ROLES:
+        if role not in ROLES:
             raise ApiError(400, f"{where}.role must be one of {', '.join(ROLES)}", param=f"{where}.role")
-        content = message["content"]
-        if isinstance(content, list):  # [{"type": "text", "text": ...}]
-            if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
-                       for p in content):
-                raise ApiError(400, f"{where}.content: only text parts are supported", param=f"{where}.content")
-            content = "".join(p["text"] for p in content)
-        if not isinstance(content, str):
-            raise ApiError(422, f"{where}.content must be a string or a list of text parts", param=f"{where}.content")
-        role = "system" if message["role"] == "developer" else message["role"]
-        out.append({"role": role, "content": content})
+        calls = assistant_calls(message, where) if role == "assistant" else []
+        if "content" not in message and not calls:
+            raise ApiError(422, f"{where} must be an object with role and content", param=where)
+        content = _content(message.get("content"), where, may_be_null=bool(calls))
+        out.append({"role": "system" if role == "developer" else role, "content": content})
+        if calls:
+            out[-1]["tool_calls"] = calls
+        if role == "tool":
+            out[-1]["tool_call_id"] = _typed(message, "tool_call_id", str, "", where=f"{where}.")
     if not any(m["role"] == "user" and m["content"].strip() for m in out):
         raise ApiError(400, "messages need a user message with text", param="messages")
     return out
+
+
+def _content(content, where: str, may_be_null: bool) -> str:
+    if content is None and may_be_null:  # an assistant turn that only called tools
+        return ""
+    if isinstance(content, list):  # [{"type": "text", "text": ...}]
+        if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
+                   for p in content):
+            raise ApiError(400, f"{where}.content: only text parts are supported", param=f"{where}.content")
+        content = "".join(p["text"] for p in content)
+    if not isinstance(content, str):
+        raise ApiError(422, f"{where}.content must be a string or a list of text parts", param=f"{where}.content")
+    return content
 
 
 def _stop(body: dict) -> tuple[str, ...]:
@@ -153,8 +170,10 @@ def parse_request(body: dict, kind: str, served: set[str], defaults: GenerationC
     if model not in served:
         raise ApiError(404, f"model {model!r} is not served here (GET /v1/models)", param="model",
                        code="model_not_found")
+    tools = None
     if kind == "chat":
-        prompt: str | list[dict[str, str]] = _messages(body)
+        prompt: str | list[dict] = _messages(body)
+        tools = tool_use(body)
     else:
         prompt = _typed(body, "prompt", str)
         if prompt is None:
@@ -162,6 +181,8 @@ def parse_request(body: dict, kind: str, served: set[str], defaults: GenerationC
         if not prompt.strip():
             raise ApiError(400, "prompt is empty", param="prompt")
     _refuse_unsupported(body)
+    if kind != "chat" and body.get("tools") not in (None, []):
+        raise ApiError(400, "tools are offered on /v1/chat/completions, not on /v1/completions", param="tools")
     _typed(body, "user", str)
     metadata = _typed(body, "metadata", dict, {})
     if not all(isinstance(value, str) for value in metadata.values()):
@@ -180,7 +201,7 @@ def parse_request(body: dict, kind: str, served: set[str], defaults: GenerationC
     return ParsedRequest(
         kind=kind, prompt=prompt, config=_generation_config(body, options, defaults),
         template=options.get("template"), stream=bool(_typed(body, "stream", bool, False)),
-        include_usage=bool(_typed(stream_options, "include_usage", bool, False)), stop=_stop(body),
+        include_usage=bool(_typed(stream_options, "include_usage", bool, False)), stop=_stop(body), tools=tools,
     )
 
 
@@ -260,11 +281,14 @@ def completion_chunk(request: ParsedRequest, model: str, text: str, reasoning: s
 
 
 def final_response(request: ParsedRequest, model: str, reasoning: str, answer: str, finish_reason: str,
-                   usage_block: dict, metrics: dict) -> dict:
+                   usage_block: dict, metrics: dict, calls: list | None = None) -> dict:
     if request.kind == "chat":
+        message = {"role": "assistant", "content": answer, "reasoning_content": reasoning}
+        if calls:  # as OpenAI's: content null when the answer is only calls
+            message["content"] = answer or None
+            message["tool_calls"] = [call.as_openai() for call in calls]
         body = {"id": request.request_id, "object": "chat.completion", "created": request.created, "model": model,
-                "choices": [{"index": 0, "finish_reason": finish_reason,
-                             "message": {"role": "assistant", "content": answer, "reasoning_content": reasoning}}]}
+                "choices": [{"index": 0, "finish_reason": finish_reason, "message": message}]}
     else:
         body = completion_chunk(request, model, answer, reasoning, finish_reason)
     body["usage"] = usage_block

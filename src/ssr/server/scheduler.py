@@ -71,8 +71,9 @@ class Stats:
 
 class Scheduler:
     def __init__(self, model, max_queue: int, timeout_s: float, stats: Stats, served_name: str = "",
-                 slots: int | None = None) -> None:
+                 slots: int | None = None, log=print) -> None:
         self.model, self.max_queue, self.timeout_s, self.stats = model, max_queue, timeout_s, stats
+        self.log = log  # the server's log (a tool call that stayed content says why here)
         self.served_name = served_name  # the model's name in metrics and the request log
         self.on_finished: list = []  # callables given each started request's observe.Finished
         # jobs run at once: given, or the engine's declared slots (1 for engines that own one KV cache)
@@ -169,13 +170,14 @@ class Scheduler:
             return
         request = job.request
         try:
-            generation = self.model.start(request.prompt, request.config, request.template)
+            generation = self.model.start(request.prompt, request.config, request.template, tools=request.tools)
         except ConfigError as error:  # e.g. prompt + budgets longer than the context
             self.stats.add(invalid=1)
             job.emit("error", ApiError(400, field_message(error)))
             return
         job.emit("started", {"prompt_tokens": len(generation.prompt_ids)})
         finish, stops = None, _StopFilter(request.stop)
+        calls = _calls(request, self.model)
         seen = _Seen(job.arrived, time.monotonic())
         chunks = iter(generation)
         try:
@@ -192,9 +194,8 @@ class Scheduler:
                     continue
                 text, hit = stops.push(chunk.text)
                 if text:
-                    seen.text(text, answer=True)
-                    job.emit("answer", text)
-                if hit:
+                    self._answer(job, seen, calls, text)
+                if hit or calls is not None and calls.full:  # a stop string, or the one call allowed
                     finish = "stop"
                     break
         except EngineError as error:
@@ -202,12 +203,16 @@ class Scheduler:
             job.emit("error", ApiError(500, f"engine error: {error}", kind="internal_error"))
         finally:
             chunks.close()  # releases the parent and any draft child at once
-        if finish is None:
-            tail = stops.flush()
-            if tail:
-                seen.text(tail, answer=True)
-                job.emit("answer", tail)
-            finish = "length" if generation.metrics.stop == "max_tokens" else "stop"
+        if finish in (None, "stop"):
+            if finish is None:
+                tail = stops.flush()
+                if tail:
+                    self._answer(job, seen, calls, tail)
+                finish = "length" if generation.metrics.stop == "max_tokens" else "stop"
+            if calls is not None:
+                self._answer(job, seen, calls, None)
+                if calls.calls and finish == "stop":
+                    finish = "tool_calls"
         metrics = generation.metrics.as_dict()
         self.stats.add_metrics(metrics)
         self._finished(job, seen, finish, metrics, generation.result.trace if generation.result else [])
@@ -218,8 +223,28 @@ class Scheduler:
         elif finish == "cancelled" and job.shutdown:
             job.emit("error", shutting_down(CANCELLED_BY_SHUTDOWN))
         elif finish not in ("cancelled", "error"):
+            if seen.problems:
+                metrics = {**metrics, "tool_call_problems": list(seen.problems)}
             job.emit("done", {"finish_reason": finish, "metrics": metrics})
 
+
+    def _answer(self, job: Job, seen: _Seen, calls, text: str | None) -> None:
+        """Answer text to the client: as it is, or read for tool calls (None: the answer ended)."""
+        if calls is None:
+            seen.text(text, answer=True)
+            job.emit("answer", text)
+            return
+        for kind, value in calls.push(text) if text is not None else calls.flush():
+            if kind == "content":
+                seen.text(value, answer=True)
+                job.emit("answer", value)
+            elif kind == "call":
+                seen.call(value)
+                job.emit("tool_call", value)
+            else:  # a call-looking text that is no call: it stays content, the reason is counted and logged
+                self.stats.add(tool_call_problems=1)
+                seen.problems.append(value)
+                self.log(f"ssr: {job.request.request_id}: a tool call stays content: {value}")
 
     def _finished(self, job: Job, seen: _Seen, finish: str, metrics: dict, trace: list[dict]) -> None:
         """Tell the observers (metrics, the request log); one that fails does not fail the request."""
@@ -227,7 +252,8 @@ class Scheduler:
 
         done = Finished(job.request.request_id, self.served_name, job.request.prompt, finish, seen.started - seen.arrived,
                         seen.first, seen.first_answer, time.monotonic() - seen.arrived, metrics, trace,
-                        "".join(seen.reasoning).strip(), "".join(seen.answer).strip())  # as a whole response has them
+                        "".join(seen.reasoning).strip(), "".join(seen.answer).strip(),  # as a whole response has them
+                        tuple(seen.calls), tuple(seen.problems), job.request.tools)
         for observe in self.on_finished:
             try:
                 observe(done)
@@ -244,6 +270,12 @@ class _Seen:
         self.first_answer: float | None = None
         self.reasoning: list[str] = []
         self.answer: list[str] = []
+        self.calls: list = []  # tools.ToolCall read from the answer
+        self.problems: list[str] = []  # why call-looking text stayed content
+
+    def call(self, call) -> None:
+        self.text("", answer=True)
+        self.calls.append(call)
 
     def text(self, piece: str, answer: bool) -> None:
         now = time.monotonic() - self.arrived
@@ -252,6 +284,16 @@ class _Seen:
         if answer and self.first_answer is None:
             self.first_answer = now
         (self.answer if answer else self.reasoning).append(piece)
+
+
+def _calls(request: ParsedRequest, model):
+    """The reader of the answer's tool calls, when the request offers tools (else None)."""
+    if request.tools is None or not request.tools.active:
+        return None
+    from ..tools import CallStream, detect_tool_format
+
+    fmt = detect_tool_format(model.engine.chat_template)
+    return CallStream(fmt, request.tools.offered, None if request.tools.parallel else 1)
 
 
 CANCELLED_BY_SHUTDOWN = "the server shut down before this request finished; retry"
