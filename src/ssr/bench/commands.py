@@ -254,6 +254,11 @@ def cmd_traces(args: argparse.Namespace) -> int:
     print(format_table(summarise(rows), args.markdown))
     print()
     print(format_pass_table(pass_table(rows, args.step_ms), args.step_ms, args.markdown))
+    if any(row.get("turn") for row in rows):  # agent conversations: by turn and by part
+        from .turns import format_turn_table, turn_table
+
+        print()
+        print(format_turn_table(turn_table(rows), args.markdown))
     sources = sources_table(rows, lambda row: row["suite"])
     if sources:
         print()

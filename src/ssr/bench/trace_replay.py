@@ -42,6 +42,7 @@ from .oracle import OracleProposer
 from .peers import REPLAY_PEERS
 from .replay import REPLAY_FORMAT, ReplayEngine, RowModel, TreeReplayEngine
 from .traces import TokenTrace
+from .turns import part_runs
 
 TRACE_MODES = ("ar", "ssr", "paper", "suffix", "ngram-v1", "pld", *REPLAY_PEERS, "oracle")
 OWN_PROPOSER = ("oracle", *REPLAY_PEERS)  # modes replayed with their own proposer in a peer's loop
@@ -105,7 +106,9 @@ def replay_trace(tokens: TokenTrace, mode: str, setting: CostSetting, order: str
             "prompt_ids": tokens.prompt_ids, "cot_ids": engine.cot, "answer_ids": engine.answer,
             "draft_ids": [], "forced_ids": result.forced_ids, "trace": result.trace, "identical": identical,
             "host": {"s": engine.host_s, "passes": engine.passes, "wall_s": wall_s, "on_clock": host},
-            "step_s": setting.costs.step(1), "candidates": candidates}
+            "step_s": setting.costs.step(1), "candidates": candidates,
+            **({"turn": trace.turn, "parts": part_runs(tokens.answer_parts)} if trace.turn or tokens.answer_parts
+               else {})}
 
 
 def replay_all(traces: Sequence[TokenTrace], modes: Sequence[str], settings: Sequence[CostSetting],

@@ -8,8 +8,11 @@ One trace a line, in any of these shapes:
   {"request": {"model", "messages": [...]}, "response": {"model", "choices": [{"message":
   {"content", "reasoning_content"}}]}} (vLLM's and `ssr serve`'s reasoning field; "reasoning"
   is read too);
-- a served request: {"messages": [...], "reasoning", "answer", "model"} (`ssr serve
-  --log-requests`; requests that did not finish — cancelled, timed out — are skipped).
+- a served request: {"messages": [...], "reasoning", "answer", "model", "tool_calls"?} (`ssr serve
+  --log-requests`; requests that did not finish — cancelled, timed out — are skipped);
+- an agent conversation: {"messages": [...], "model", "task_id"} with assistant turns (their
+  `reasoning`, `content` and `tool_calls`) and tool results: every assistant turn is a trace
+  whose prompt is the conversation before it (bench/conversations.py renders it).
 
 Prompts are rendered as ChatML (the Qwen family's format: `<|im_start|>role ... <|im_end|>`,
 the assistant turn opened with `<think>`); the CoT ends with one end-of-thinking token (as
@@ -20,10 +23,11 @@ from __future__ import annotations
 import gzip
 import json
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ..config import ConfigError
+from .conversations import answer_parts, calls_of, conversation_turns, render_messages
 
 
 @dataclass(frozen=True)
@@ -35,6 +39,8 @@ class TextTrace:
     cot: str  # the reasoning, without its markers
     answer: str  # the text after the reasoning
     task: str = ""  # the task it answers (several traces may: prompt variants, runs)
+    turn: int = 0  # its turn in an agent conversation, from 1 (0: a single request)
+    parts: tuple[tuple[str, str], ...] = ()  # the answer as (part, text): content, call, arguments
 
     @property
     def group(self) -> str:
@@ -47,6 +53,7 @@ class TokenTrace:
     prompt_ids: list[int]  # the rendered chat prompt, the assistant turn opened
     cot_ids: list[int]  # the CoT, its end-of-thinking token last
     answer_ids: list[int]  # the answer (EOS follows it)
+    answer_parts: tuple[str, ...] = ()  # each answer token's part (content, call, arguments); () : all content
 
 
 def set_name(path: Path) -> str:
@@ -67,18 +74,16 @@ def read_traces(path: Path) -> Iterator[TextTrace]:
                 if not line.strip():
                     continue
                 try:
-                    trace = parse_trace(json.loads(line), set_name(path))
-                    if trace is None:  # a served request that did not finish
-                        continue
+                    found = parse_record(json.loads(line), set_name(path))
                 except (json.JSONDecodeError, ValueError, TypeError, AttributeError, KeyError) as error:
                     raise ConfigError(f"{path}:{number}: not a trace ({_reason(error)}); see `ssr traces --help` "
                                       f"for the shapes it reads") from error
-                key = (trace.model, trace.item)
-                seen[key] = seen.get(key, 0) + 1
-                if seen[key] > 1:  # the same item again: a repeat of its own
-                    trace = TextTrace(trace.set, trace.model, f"{trace.item}#{seen[key]}", trace.messages,
-                                      trace.cot, trace.answer, trace.task)
-                yield trace
+                for trace in found:  # none: a served request that did not finish
+                    key = (trace.model, trace.item)
+                    seen[key] = seen.get(key, 0) + 1
+                    if seen[key] > 1:  # the same item again: a repeat of its own
+                        trace = replace(trace, item=f"{trace.item}#{seen[key]}")
+                    yield trace
     except (OSError, EOFError, gzip.BadGzipFile, UnicodeDecodeError) as error:
         raise ConfigError(f"cannot read traces from {path}: {error}") from error
 
@@ -87,9 +92,26 @@ def _reason(error: Exception) -> str:
     return f"missing field {error}" if isinstance(error, KeyError) else str(error).split("\n")[0][:120]
 
 
+def parse_record(data: dict, set_name: str) -> list[TextTrace]:
+    """The traces of one JSON object: one, or one per assistant turn of an agent conversation;
+    none for a served request that did not finish (cancelled, timed out, failed: its text is cut)."""
+    if isinstance(data, dict) and "messages" in data and not {"answer", "reasoning"} & data.keys():
+        model = _short(data.get("model") or "unknown")
+        task = str(data.get("task_id") or data.get("id") or "")
+        turns = [TextTrace(set_name, model, f"{task}/turn{turn}", messages, reasoning,
+                           "".join(text for _, text in parts), task, turn, parts)
+                 for turn, messages, reasoning, parts in conversation_turns(data)]
+        if not turns:
+            raise ValueError("a conversation without an assistant turn (or a served request without its "
+                             "answer): nothing to replay")
+        return turns
+    trace = parse_trace(data, set_name)
+    return [] if trace is None else [trace]
+
+
 def parse_trace(data: dict, set_name: str) -> TextTrace | None:
-    """One JSON object in any of the shapes the module docstring lists; None for a served
-    request that did not finish (cancelled, timed out, failed: its text is cut)."""
+    """One JSON object in any of the single-request shapes the module docstring lists; None for
+    a served request that did not finish (cancelled, timed out, failed: its text is cut)."""
     if not isinstance(data, dict):
         raise ValueError("a line must hold a JSON object")
     if "request" in data and "response" in data:  # a chat-completions pair
@@ -98,12 +120,16 @@ def parse_trace(data: dict, set_name: str) -> TextTrace | None:
         cot = message.get("reasoning_content") or message.get("reasoning") or ""
         model = response.get("model") or request.get("model") or "unknown"
         item = str(data.get("id") or response.get("id") or "")
-        return TextTrace(set_name, _short(model), item, _messages(request["messages"]), cot, message.get("content") or "")
+        parts = answer_parts(message.get("content") or "", calls_of(message, "message"))
+        return TextTrace(set_name, _short(model), item, render_messages(request["messages"]), cot,
+                         "".join(text for _, text in parts), parts=parts if message.get("tool_calls") else ())
     if "messages" in data:  # a served request's log line
-        if data.get("finish", "stop") not in ("stop", "length"):
+        if data.get("finish", "stop") not in ("stop", "length", "tool_calls"):
             return None
+        parts = answer_parts(_text(data.get("answer") or ""), calls_of(data, "tool_calls"))
         return TextTrace(set_name, _short(data.get("model") or "unknown"), str(data.get("id", "")),
-                         _messages(data["messages"]), data.get("reasoning") or "", data.get("answer") or "")
+                         render_messages(data["messages"]), _text(data.get("reasoning") or ""),
+                         "".join(text for _, text in parts), parts=parts if data.get("tool_calls") else ())
     item = "/".join(str(data[key]) for key in ("task_id", "setting", "run") if data.get(key) is not None)
     return TextTrace(set_name, _short(data.get("model") or "unknown"), item, (("user", _text(data["prompt"])),),
                      _text(data["cot"]), _text(data["answer"]), str(data.get("task_id", item)))
@@ -119,19 +145,6 @@ def _text(value) -> str:
     return value
 
 
-def _messages(messages) -> tuple[tuple[str, str], ...]:
-    """(role, content) pairs; content parts (OpenAI's list form) joined by their text."""
-    if not isinstance(messages, list) or not messages:
-        raise ValueError("messages must be a non-empty list")
-    out = []
-    for message in messages:
-        content = message.get("content") or ""
-        if isinstance(content, list):
-            content = "".join(part.get("text", "") for part in content if isinstance(part, dict))
-        out.append((str(message.get("role", "user")), _text(content)))
-    return tuple(out)
-
-
 def tokenize_trace(trace: TextTrace, vocab) -> TokenTrace:
     """Token ids of a trace: ChatML prompt, CoT + one end-of-thinking token, answer."""
     prompt: list[int] = []
@@ -140,7 +153,16 @@ def tokenize_trace(trace: TextTrace, vocab) -> TokenTrace:
         prompt += vocab.tokenize("<|im_end|>\n", special=True)
     prompt += vocab.tokenize("<|im_start|>assistant\n", special=True) + vocab.tokenize("<think>\n")
     end_of_thinking = vocab.vocab_size  # an id outside the vocabulary: the marker as one token
-    return TokenTrace(trace, prompt, vocab.tokenize(trace.cot) + [end_of_thinking], vocab.tokenize(trace.answer))
+    cot = vocab.tokenize(trace.cot) + [end_of_thinking]
+    if not trace.parts:
+        return TokenTrace(trace, prompt, cot, vocab.tokenize(trace.answer))
+    answer: list[int] = []
+    labels: list[str] = []
+    for part, text in trace.parts:  # each part on its own: its tokens keep their part
+        ids = vocab.tokenize(text)
+        answer += ids
+        labels += [part] * len(ids)
+    return TokenTrace(trace, prompt, cot, answer, tuple(labels))
 
 
 def load_traces(paths: list[Path], limit: int | None = None, groups: list[str] | None = None,
