@@ -104,6 +104,8 @@ class Generation(Branches, DraftChildren, Walk):
         self.answer_ids: list[int] = []
         try:
             self.parent = self._own(self.engine.prefill(self.prompt_ids[:-1]))
+            kept = getattr(self.engine, "prefix", None)  # engines that keep the last request's KV (optional)
+            self.metrics.cached_prompt_tokens = kept.reused if kept is not None else 0
             since = clock.add("prefill", 0.0)
             proposer = self._proposer or request_proposer(
                 self.config, self.extend, self.prompt_ids, self.history, several=self.branches > 1 or self.chain,

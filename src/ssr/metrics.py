@@ -13,6 +13,7 @@ STAGES = ("prefill", "cot", "draft", "verify", "continuation")
 class Metrics:
     mode: str
     prompt_tokens: int = 0
+    cached_prompt_tokens: int = 0  # of them, held by an earlier request's kept KV (engines/prefix.py): not prefilled
     cot_tokens: int = 0  # reasoning tokens the model wrote (forced end not counted)
     cot_end: str = ""  # "natural" (end marker), "budget" (b_v reached) or "eos"
     answer_tokens: int = 0  # answer tokens committed (forced answer prefix and EOS not counted)

@@ -53,10 +53,12 @@ def calls_of(message: dict, where: str) -> list[tuple[str, str]]:
 
 
 def answer_parts(content: str, calls: list[tuple[str, str]]) -> tuple[Part, ...]:
-    """A turn's answer as parts: its content, then each call (frame and arguments apart)."""
+    """A turn's answer as parts: its content, then each call (frame and arguments apart); a call
+    opens a line of its own unless it is the first thing written (as Qwen3's template)."""
     parts: list[Part] = [("content", content)] if content else []
     for name, arguments in calls:
-        parts += [("call", '\n<tool_call>\n{"name": ' + json.dumps(name, ensure_ascii=False) + ', "arguments": '),
+        opening = "\n" if parts else ""
+        parts += [("call", opening + '<tool_call>\n{"name": ' + json.dumps(name, ensure_ascii=False) + ', "arguments": '),
                   ("arguments", arguments), ("call", "}\n</tool_call>")]
     return tuple(parts)
 
@@ -102,6 +104,7 @@ def conversation_turns(data: dict, where: str = "messages"):
     messages = data["messages"]
     if not isinstance(messages, list) or not messages:
         raise ValueError("messages must be a non-empty list")
+    render_messages(messages, where)  # the whole record is read, or refused, before any turn
     turn = 0
     for index, message in enumerate(messages):
         if not isinstance(message, dict):

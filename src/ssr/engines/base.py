@@ -58,6 +58,9 @@ class Engine(Protocol):
     # and take step(..., ids=True, banned=None) / score(...) / score_batch(...): token ids [k] per
     # feed instead of rows [k, vocab] (banned ids never chosen), so no row crosses to the host.
 
+    # optional: engines that keep the last request's KV for the next prefill (engines/prefix.py) set
+    # `prefix` to their PrefixKeeper; its `reused` is what the last prefill took from it
+
     # optional: engines that can feed several sequences k tokens each in one forward pass
     # def score_batch(self, feeds: Sequence[tuple[int, Sequence[int]]]) -> list[np.ndarray]:
     #     """Feed each (seq, tokens) in one pass -> logits [len(tokens), vocab] per feed."""

@@ -1,0 +1,150 @@
+"""Agent conversations in `ssr traces`: every assistant turn a request (its prompt the
+conversation before it, rendered as the Qwen family's template renders tool calls and results),
+refusals with the reason, the parts of an answer, the table by turn and part, and a served
+tool-calling request's log line replayed token for token."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from test_traces import GPU, WordVocab
+
+from ssr.bench.conversations import render_messages
+from ssr.bench.trace_replay import replay_all
+from ssr.bench.traces import load_traces, parse_record, read_traces, tokenize_trace
+from ssr.bench.turns import answer_passes, turn_table
+from ssr.config import ConfigError
+
+pytestmark = pytest.mark.shared_data  # runs from a clone too: nothing here reads ../shared
+
+CALL = {"name": "read_file", "arguments": '{"path": "app.py"}', "id": "c1"}
+CONVERSATION = {"model": "Org/Agent-9B (thinking)", "task_id": "fix-1", "messages": [
+    {"role": "system", "content": "You fix bugs."},
+    {"role": "user", "content": "Fix app.py."},
+    {"role": "assistant", "content": "", "reasoning": "I should read it.", "tool_calls": [CALL]},
+    {"role": "tool", "tool_call_id": "c1", "content": "def add(a, b):\n    return a - b\n"},
+    {"role": "assistant", "content": "Found it.", "reasoning": "It subtracts.", "tool_calls": [
+        {"name": "write_file", "arguments": '{"path": "app.py", "text": "def add(a, b):\\n    return a + b\\n"}',
+         "id": "c2"},
+        {"name": "run", "arguments": '{"cmd": "pytest"}', "id": "c3"}]},
+    {"role": "tool", "tool_call_id": "c2", "content": "ok"},
+    {"role": "tool", "tool_call_id": "c3", "content": "1 passed"},
+    {"role": "assistant", "content": "Fixed: add now adds.", "reasoning": "Done."},
+]}
+READ = '<tool_call>\n{"name": "read_file", "arguments": {"path": "app.py"}}\n</tool_call>'
+
+
+def test_every_assistant_turn_is_a_request_on_the_conversation_before_it():
+    turns = parse_record(CONVERSATION, "agentic")
+    assert [(t.turn, t.item, t.task) for t in turns] == [(1, "fix-1/turn1", "fix-1"), (2, "fix-1/turn2", "fix-1"),
+                                                         (3, "fix-1/turn3", "fix-1")]
+    assert turns[0].messages == (("system", "You fix bugs."), ("user", "Fix app.py."))
+    assert turns[0].cot == "I should read it." and turns[0].answer == READ  # the arguments as the model wrote them
+    assert turns[2].messages[2:] == (
+        ("assistant", "<think>\nI should read it.\n</think>\n\n" + READ),  # kept: after the last query
+        ("user", "<tool_response>\ndef add(a, b):\n    return a - b\n\n</tool_response>"),
+        ("assistant", "<think>\nIt subtracts.\n</think>\n\nFound it."
+                      '\n<tool_call>\n{"name": "write_file", "arguments": {"path": "app.py", "text": '
+                      '"def add(a, b):\\n    return a + b\\n"}}\n</tool_call>'
+                      '\n<tool_call>\n{"name": "run", "arguments": {"cmd": "pytest"}}\n</tool_call>'),
+        ("user", "<tool_response>\nok\n</tool_response>\n<tool_response>\n1 passed\n</tool_response>"))
+    assert [part for part, _ in turns[1].parts] == ["content", "call", "arguments", "call", "call", "arguments",
+                                                    "call"]
+    assert turns[2].parts == (("content", "Fixed: add now adds."),)
+
+
+def test_earlier_reasoning_before_the_last_user_query_is_dropped():
+    messages = CONVERSATION["messages"][:4] + [{"role": "user", "content": "Also rename it."}]
+    rendered = render_messages(messages)
+    assert rendered[2] == ("assistant", READ)  # no <think>: a user query came after it
+
+
+def test_openai_shaped_calls_and_a_served_log_line_with_tools():
+    served = {"messages": [{"role": "user", "content": "Weather?"}], "reasoning": "Ask the tool.", "answer": "",
+              "finish": "tool_calls", "model": "m", "id": "r1",
+              "tool_calls": [{"id": "call_1", "type": "function",
+                              "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}]}
+    (trace,) = parse_record(served, "log")
+    assert trace.answer == '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>'
+    assert dict(trace.parts)["arguments"] == '{"city": "Oslo"}'
+
+
+@pytest.mark.parametrize("record, says", [
+    ({"messages": [{"role": "user", "content": "hi"}]}, "without an assistant turn"),
+    ({"messages": [{"role": "user", "content": "hi"}, {"role": "robot", "content": "x"}]}, "role must be one of"),
+    ({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "x",
+                                                       "tool_calls": [{"arguments": "{}"}]}]}, "has no name"),
+    ({"messages": [{"role": "user", "content": 5}, {"role": "assistant", "content": "x"}]}, "content must be text"),
+    ({"messages": []}, "non-empty list"),
+])
+def test_a_record_that_cannot_be_read_whole_is_refused_with_the_reason(tmp_path, record, says):
+    path = tmp_path / "agentic.jsonl"
+    path.write_text(json.dumps(record) + "\n")
+    with pytest.raises(ConfigError, match=rf"agentic.jsonl:1: not a trace \(.*{says}"):
+        list(read_traces(path))
+
+
+def test_answer_tokens_keep_their_part():
+    vocab = WordVocab()
+    (first, second, _) = [tokenize_trace(t, vocab) for t in parse_record(CONVERSATION, "agentic")]
+    assert len(second.answer_parts) == len(second.answer_ids)
+    arguments = [token for token, part in zip(second.answer_ids, second.answer_parts) if part == "arguments"]
+    assert arguments == vocab.tokenize('{"path": "app.py", "text": "def add(a, b):\\n    return a + b\\n"}') + \
+        vocab.tokenize('{"cmd": "pytest"}')
+
+
+PASSES = [  # (parts, span events (at, accepted), expected part -> (tokens, passes))
+    ([["content", 4]], [], {"content": (4, 4)}),
+    ([["content", 4]], [(1, 2)], {"content": (4, 2)}),  # token 0, then 3 tokens in one pass
+    ([["content", 2], ["arguments", 3]], [(1, 3)], {"content": (2, 1.25), "arguments": (3, 0.75)}),
+    ([["call", 2], ["arguments", 2]], [(0, 1), (2, 5)], {"call": (2, 1), "arguments": (2, 2 / 6)}),
+]
+
+
+@pytest.mark.parametrize("parts, spans, expected", PASSES)
+def test_passes_are_shared_among_the_parts_they_commit(parts, spans, expected):
+    row = {"parts": parts, "answer_ids": [0] * sum(c for _, c in parts),
+           "trace": [{"kind": "span", "at": at, "accepted": accepted} for at, accepted in spans]}
+    got = answer_passes(row)
+    assert set(got) == set(expected)
+    for part, (tokens, passes) in expected.items():
+        assert got[part][0] == tokens and got[part][1] == pytest.approx(passes)
+
+
+def test_conversations_replay_token_for_token_in_conversation_order(tmp_path):
+    path = tmp_path / "agentic.jsonl"
+    path.write_text(json.dumps(CONVERSATION) + "\n" + json.dumps({**CONVERSATION, "task_id": "fix-2"}) + "\n")
+    traces = load_traces([path])
+    assert [t.item for t in traces] == [f"fix-{n}/turn{t}" for n in (1, 2) for t in (1, 2, 3)]
+    rows = replay_all([tokenize_trace(t, WordVocab()) for t in traces], ["ar", "ssr", "sglang-ngram"], [GPU])
+    assert all(row["identical"] for row in rows) and {row["turn"] for row in rows} == {1, 2, 3}
+    table = {(t["suite"], t["mode"]): t for t in turn_table(rows)}
+    ssr = table[("agentic / Org/Agent-9B (deployment)", "ssr")]
+    assert ssr["turns"] == {"first": 2, "later": 4} and ssr["ratio"]["later"] < 1.0
+    assert ssr["per_pass"]["arguments"] > 1.0  # the second conversation copies the first one's calls
+    assert table[("agentic / Org/Agent-9B (cold)", "ar")]["per_pass"]["arguments"] == 1.0
+
+
+def test_a_served_tool_calling_request_replays_from_its_log_line(tmp_path):
+    """`ssr serve --log-requests` on a tool-calling request writes a line `ssr traces` replays."""
+    pytest.importorskip("fastapi")
+    from starlette.testclient import TestClient
+    from test_tools import TOOL, WEATHER, ScriptedEngine
+
+    from ssr.api import SSR
+    from ssr.config import GenerationConfig
+    from ssr.server.app import create_app
+
+    log = tmp_path / "requests.jsonl"
+    app = create_app(SSR("fake", engine=ScriptedEngine([WEATHER])), "fake", log_requests=str(log),
+                     defaults=GenerationConfig(thinking_budget=24, draft_at=8, max_tokens=256))
+    with TestClient(app) as http:
+        reply = http.post("/v1/chat/completions", json={"model": "fake", "tools": [TOOL], "messages": [
+            {"role": "user", "content": "Weather in Paris?"}]})
+    assert reply.json()["choices"][0]["finish_reason"] == "tool_calls"
+    line = json.loads(log.read_text())
+    assert line["tools"] == [TOOL] and line["tool_calls"][0]["function"]["name"] == "get_weather"
+    (trace,) = load_traces([log])
+    assert dict(trace.parts)["arguments"] == '{"city": "Paris"}'
+    rows = replay_all([tokenize_trace(trace, WordVocab())], ["ar", "ssr"], [GPU], orders=["cold"])
+    assert all(row["identical"] for row in rows)
