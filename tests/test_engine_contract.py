@@ -148,6 +148,33 @@ def test_tree_pass_is_bit_identical_to_linear_feeds(engine):
     assert differing.size == 0, f"rows {differing[:10].tolist()} differ, max {np.abs(got - want).max():.3g}"
 
 
+def test_kept_prefix_is_bit_identical_to_a_cold_prefill(engine):
+    """Engines that keep the last request's KV (engines/prefix.py): a prefill that extends it
+    feeds only the new tokens, and what follows is bit for bit what a cold prefill gives."""
+    keeper = getattr(engine, "prefix", None)
+    if keeper is None:
+        pytest.skip("this engine keeps no prefix")
+    turn1, turn2, fed = tokens(engine, 0, 300), tokens(engine, 0, 340), tokens(engine, 340, 12)
+    for seq in [engine.allocate() for _ in range(engine.max_sequences)]:  # the last takes the kept one's handle
+        engine.release(seq)  # empty: not kept
+    assert keeper.kept is None
+    seq = engine.prefill(turn1)
+    assert keeper.reused == 0
+    engine.score(seq, tokens(engine, 300, 5) + [7, 7])  # turn one's answer parts from turn two's prompt
+    engine.release(seq)
+    seq = engine.prefill(turn2)
+    assert keeper.reused == 305 and engine.length(seq) == 340
+    kept = np.stack([engine.step([(seq, t)])[0] for t in fed])
+    engine.release(seq)
+    saved, engine.prefix = engine.prefix, None
+    try:
+        cold = solo_steps(engine, turn2, fed)
+    finally:
+        engine.prefix = saved
+    assert np.array_equal(kept, cold), f"max difference {np.abs(kept - cold).max():.3g}"
+    assert engine.live_sequences() == 0
+
+
 def test_release_frees_sequences(engine):
     prompt = tokens(engine, 0, 8)
     seqs = [engine.prefill(prompt) for _ in range(engine.max_sequences)]

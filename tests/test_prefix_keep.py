@@ -1,5 +1,5 @@
-"""Turns that do not start over: llama.cpp keeps the last request's KV, the next prefill feeds
-only what is new, and the output is token for token what a cold prefill gives."""
+"""Turns that do not start over: llama.cpp and transformers keep the last request's KV, the next
+prefill feeds only what is new, and the output is token for token what a cold prefill gives."""
 from __future__ import annotations
 
 import pytest
@@ -28,10 +28,13 @@ def test_keeper_keeps_the_longest_and_takes_a_shared_prefix():
 
 
 @pytest.mark.slow
-def test_turn_two_reuses_turn_one_and_decodes_what_a_cold_prefill_does():
+@pytest.mark.parametrize("engine", ["llama.cpp", "transformers"])
+def test_turn_two_reuses_turn_one_and_decodes_what_a_cold_prefill_does(engine):
     from ssr.api import SSR
 
-    warm, cold = SSR("smollm2-135m"), SSR("smollm2-135m")
+    if engine == "transformers":
+        pytest.importorskip("transformers", reason="the transformers engine needs  pip install 'ssr[torch]'")
+    warm, cold = SSR("smollm2-135m", engine), SSR("smollm2-135m", engine)
     cold.engine.prefix = None
     for mode in ("ssr", "ar"):
         config = GenerationConfig(**{**CONFIG.__dict__, "mode": mode})

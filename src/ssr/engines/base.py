@@ -7,10 +7,12 @@ tokens returns one row of logits per fed token, the row predicting what follows.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Protocol
 
 import numpy as np
+
+from .prefix import PrefixKeeper
 
 
 class EngineError(RuntimeError):
@@ -139,21 +141,33 @@ class SequenceSlots:
     """Sequence handles 0 .. max_sequences-1 and the tokens each holds; engines whose KV
     cache is indexed by such handles build on it (llama.cpp sequence ids, transformers slots).
 
-    prefill and fork are written once here; an engine supplies `batch_size`,
-    `_feed(seq, tokens)` (one pass, no logits) and `_copy_entries(source, target)`."""
+    prefill, fork, release and the kept prefix (engines/prefix.py: the last request's longest
+    sequence kept for the next prefill) are written once here; an engine supplies `batch_size`,
+    `_feed(seq, tokens)` (one pass, no logits), `_copy_entries(source, target)`, and calls
+    `_fed` / `_truncated` as its KV cache changes; `_clear(seq)` drops a handle's entries."""
 
     batch_size: int  # most tokens one pass feeds
     slots = 1  # one request at a time: its parent and children fill the batch (docs/serve.md)
 
-    def __init__(self, max_sequences: int) -> None:
+    def __init__(self, max_sequences: int, keep_prefix: bool = False) -> None:
         self.max_sequences = max_sequences
         self._free = list(range(max_sequences - 1, -1, -1))  # handles not in use, lowest last
         self._lengths: dict[int, int] = {}  # live sequence -> tokens in the KV cache
+        self.prefix = PrefixKeeper() if keep_prefix else None  # the kept sequence (engines/prefix.py)
 
     def prefill(self, token_ids: Sequence[int]) -> int:
-        seq = self.allocate()
+        """A new sequence holding token_ids: the kept sequence of an earlier request cut back to
+        their common prefix and the rest fed, or a cold prefill."""
+        found = self.prefix.take(token_ids) if self.prefix is not None else None
+        if found is None:
+            seq, shared = self.allocate(), 0
+        else:
+            seq, shared = found
+            self._lengths[seq] = len(self.prefix.tokens[seq])
         try:
-            for start in range(0, len(token_ids), self.batch_size):
+            if shared:
+                self.truncate(seq, shared)
+            for start in range(shared, len(token_ids), self.batch_size):
                 self._feed(seq, list(token_ids[start : start + self.batch_size]))
         except EngineError:
             self.release(seq)
@@ -164,24 +178,42 @@ class SequenceSlots:
         child = self.allocate()
         self._copy_entries(seq, child)
         self._lengths[child] = self._lengths[seq]
+        if self.prefix is not None:
+            self.prefix.forked(seq, child)
         return child
 
     def release(self, seq: int) -> None:
-        self.free(seq)  # a slot's old entries are masked, then overwritten by its next owner
+        if seq not in self._lengths:
+            return
+        cleared = self.prefix.released(seq) if self.prefix is not None else seq
+        del self._lengths[seq]  # no longer live (a kept sequence is not: it waits for a prefill)
+        if cleared is not None:
+            self._clear(cleared)
 
     def allocate(self) -> int:
+        if not self._free and self.prefix is not None and self.prefix.kept is not None:
+            self._clear(self.prefix.evict())  # the kept prefix gives its handle up
         if not self._free:
             raise EngineError(f"all {self.max_sequences} sequences are in use")
         seq = self._free.pop()
         self._lengths[seq] = 0
         return seq
 
-    def free(self, seq: int) -> bool:
-        """Forget seq; False when it was not live."""
-        if self._lengths.pop(seq, None) is None:
-            return False
+    def _clear(self, seq: int) -> None:
+        """seq's entries are no one's: its handle is free (a slot's old entries are masked, then
+        overwritten by its next owner; an engine that must drop them overrides this)."""
         self._free.append(seq)
-        return True
+
+    def _fed(self, rows: Iterable[tuple[int, Sequence[int]]]) -> None:
+        """Tokens the engine wrote to these sequences' KV caches, (seq, tokens) each."""
+        if self.prefix is not None:
+            for seq, tokens in rows:
+                self.prefix.fed(seq, tokens)
+
+    def _truncated(self, seq: int, length: int) -> None:
+        self._lengths[seq] = min(self._lengths[seq], length)
+        if self.prefix is not None:
+            self.prefix.truncated(seq, length)
 
     def length(self, seq: int) -> int:
         return self._lengths[seq]

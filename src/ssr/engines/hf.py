@@ -19,7 +19,13 @@ avoided here:
 - attention kernels that tile queries and keys by the pass's shape -> attention
   is our own function (registered with transformers' AttentionInterface): two
   matmuls and a softmax over a key length rounded up to a multiple of 64; masked
-  keys add exact zeros.
+  keys add exact zeros;
+- matmuls with many rows take other kernels again (torch's CPU sgemm on this machine:
+  112 rows and fewer agree with 16, 113 and more do not, for Qwen2.5-0.5B's 896-wide
+  layers; SmolLM2's 576-wide ones never switch up to 600) -> a pass feeds at most
+  `max_rows` queries in all, measured at load for the model's own layer shapes
+  (`invariant_rows`); a longer feed is split into passes of that size, which also makes
+  a prefill's chunking (a cold one, or one after a kept prefix) change nothing.
 tests/test_engine_contract.py checks the result bit for bit, as for llama.cpp.
 """
 from __future__ import annotations
@@ -137,6 +143,34 @@ def register_attention() -> None:
     AttentionInterface.register(ATTENTION_NAME, invariant_attention)
 
 
+PROBE_ROWS = 256  # invariant_rows looks no further (a pass of more queries is split anyway)
+
+
+def invariant_rows(model, min_rows: int) -> int:
+    """The most rows a pass may feed so that every linear layer of `model` gives each row what
+    a pass of min_rows gives it (module docstring): for each layer shape (outputs capped at 16384,
+    e.g. the vocabulary head), random inputs of 16, 32, ... PROBE_ROWS rows against the same
+    rows fed min_rows at a time; the largest count up to which all agree."""
+    import torch
+
+    weight = next(model.parameters())
+    shapes = {(layer.in_features, min(layer.out_features, 16384))
+              for layer in model.modules() if isinstance(layer, torch.nn.Linear)}
+    generator = torch.Generator().manual_seed(0)
+    best = PROBE_ROWS
+    with torch.no_grad():
+        for inputs, outputs in sorted(shapes):
+            w = torch.randn(outputs, inputs, generator=generator).to(weight.device, weight.dtype)
+            x = torch.randn(best, inputs, generator=generator).to(weight.device, weight.dtype)
+            apart = torch.cat([torch.nn.functional.linear(x[start : start + min_rows], w)
+                               for start in range(0, best, min_rows)])
+            for rows in range(2 * min_rows, best + 1, min_rows):
+                if not torch.equal(torch.nn.functional.linear(x[:rows], w), apart[:rows]):
+                    best = rows - min_rows
+                    break
+    return max(best, min_rows)
+
+
 def _check_dtype(dtype: str) -> str:
     if dtype not in ("float32", "bfloat16", "float16"):
         raise EngineError(f"dtype must be float32, bfloat16 or float16, got {dtype!r}")
@@ -154,7 +188,8 @@ def model_source(path_or_id: str | Path) -> tuple[str, str | None]:
 class TransformersEngine(SequenceSlots):
     def __init__(self, model: str | Path, context_size: int = 8192, max_sequences: int = 4,
                  batch_size: int = 512, threads: int | None = None, device: str | None = None,
-                 dtype: str | None = None, min_rows: int = 16, verbose: bool = False) -> None:
+                 dtype: str | None = None, min_rows: int = 16, verbose: bool = False,
+                 keep_prefix: bool = True) -> None:
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
         from transformers.utils import logging as hf_logging
@@ -176,19 +211,19 @@ class TransformersEngine(SequenceSlots):
         except (OSError, ValueError, KeyError, RuntimeError) as error:
             raise EngineError(f"transformers could not load {model}: {str(error).splitlines()[0]}") from error
         name = Path(str(model)).stem if gguf_file else str(model).rstrip("/").split("/")[-1]
-        self._adopt(hf_model, tokenizer, name, context_size, max_sequences, batch_size, min_rows)
+        self._adopt(hf_model, tokenizer, name, context_size, max_sequences, batch_size, min_rows, keep_prefix)
 
     @classmethod
     def adopt(cls, hf_model, tokenizer, name: str, context_size: int = 8192, max_sequences: int = 4,
-              batch_size: int = 512, min_rows: int = 16) -> TransformersEngine:
+              batch_size: int = 512, min_rows: int = 16, keep_prefix: bool = True) -> TransformersEngine:
         """An engine over a model already built (e.g. randomly initialised from a config, as the
         device check does); its attention must be ATTENTION_NAME (see `register_attention`)."""
         engine = cls.__new__(cls)
-        engine._adopt(hf_model, tokenizer, name, context_size, max_sequences, batch_size, min_rows)
+        engine._adopt(hf_model, tokenizer, name, context_size, max_sequences, batch_size, min_rows, keep_prefix)
         return engine
 
     def _adopt(self, hf_model, tokenizer, name: str, context_size: int, max_sequences: int,
-               batch_size: int, min_rows: int) -> None:
+               batch_size: int, min_rows: int, keep_prefix: bool) -> None:
         import torch
 
         self._torch = torch
@@ -201,6 +236,7 @@ class TransformersEngine(SequenceSlots):
         self.threads = torch.get_num_threads()
         self.batch_size = batch_size
         self.min_rows = min_rows
+        self.max_rows = invariant_rows(self._model, min_rows)  # queries one pass feeds at most (module docstring)
         self.context_size = context_size
         self.vocab_size = self._model.get_output_embeddings().weight.shape[0]
         self.text = TokenizerText(tokenizer, getattr(self._model.generation_config, "eos_token_id", None))
@@ -210,7 +246,9 @@ class TransformersEngine(SequenceSlots):
         # names this setup for the cached cost table (see costs.engine_costs)
         self.cost_key = f"transformers-{self.name}-{self.device.split(':')[0]}-{self.dtype}-{self.threads}t"
         self._cache = _slot_cache_class()(max_sequences, CAPACITY_BLOCK)
-        SequenceSlots.__init__(self, max_sequences)  # a sequence is its slot in the KV buffers
+        # a sequence is its slot in the KV buffers; the last request's longest sequence stays in
+        # its slot for the next prefill (engines/prefix.py)
+        SequenceSlots.__init__(self, max_sequences, keep_prefix=keep_prefix)
 
     # -- text -----------------------------------------------------------------------------
 
@@ -242,10 +280,12 @@ class TransformersEngine(SequenceSlots):
                           feeds)
 
     def truncate(self, seq: int, length: int) -> None:
-        self._lengths[seq] = min(self._lengths[seq], length)  # entries past it are masked, then overwritten
+        self._truncated(seq, length)  # entries past it are masked, then overwritten
 
     def close(self) -> None:
         self._cache = _slot_cache_class()(self.max_sequences, CAPACITY_BLOCK)  # frees the KV buffers
+        if self.prefix is not None and self.prefix.kept is not None:
+            self._clear(self.prefix.evict())  # its entries went with the buffers
 
     # -- internals ------------------------------------------------------------------------
 
@@ -257,6 +297,22 @@ class TransformersEngine(SequenceSlots):
 
     def _forward(self, rows: Sequence[tuple[int, list[int]]], want_logits: bool = True, ids: bool = False,
                  banned=None) -> np.ndarray:
+        """Feeding each (seq, tokens) row -> logits [total tokens, vocab], or with ids the argmax of
+        each [total tokens]: one forward pass, or several where it would feed more than max_rows
+        queries (rows apart, a long row's tokens in order; the results as one pass's)."""
+        queries = max(self.min_rows, max(len(tokens) for _, tokens in rows))
+        if len(rows) * queries <= self.max_rows:
+            return self._pass(rows, want_logits, ids, banned)
+        if len(rows) > 1:
+            parts = [self._forward([row], want_logits, ids, banned) for row in rows]
+        else:
+            (seq, tokens), size = rows[0], self.max_rows
+            parts = [self._pass([(seq, tokens[start : start + size])], want_logits, ids, banned)
+                     for start in range(0, len(tokens), size)]
+        return np.concatenate(parts) if want_logits else parts[-1]
+
+    def _pass(self, rows: Sequence[tuple[int, list[int]]], want_logits: bool, ids: bool,
+              banned) -> np.ndarray:
         """One forward pass feeding each (seq, tokens) row -> logits [total tokens, vocab], or with
         ids the argmax of each [total tokens], taken on the device (banned ids never chosen)."""
         torch = self._torch
@@ -282,6 +338,7 @@ class TransformersEngine(SequenceSlots):
             )
         for (seq, tokens), start in zip(rows, starts):
             self._lengths[seq] = start + len(tokens)
+        self._fed(rows)
         if not want_logits:
             if self.device.startswith("cuda"):
                 torch.cuda.synchronize()  # a pass is over when it returns (prefill timings, errors)

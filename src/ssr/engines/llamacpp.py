@@ -30,7 +30,6 @@ from pathlib import Path
 import numpy as np
 
 from .base import EngineError, SequenceSlots, argmax_ids, split_rows
-from .prefix import PrefixKeeper
 
 
 KV_TYPES = {"f32": 0, "f16": 1, "q8_0": 8}  # ggml_type ids
@@ -94,9 +93,9 @@ class LlamaCppEngine(SequenceSlots):
         self.eos_text = self.token_bytes(lib.llama_vocab_eos(self._vocab)).decode("utf-8", "replace")
         # names this setup for the cached cost table (see costs.engine_costs)
         self.cost_key = f"llama.cpp-{self.name}-{self.model_path.stat().st_size}-{threads}t-{max_sequences}seq"
-        SequenceSlots.__init__(self, max_sequences)  # handles are llama.cpp sequence ids
-        # the last request's longest sequence kept for the next prefill (engines/prefix.py)
-        self.prefix = PrefixKeeper() if keep_prefix and not kv_unified else None
+        # handles are llama.cpp sequence ids; the last request's longest sequence is kept for the
+        # next prefill (engines/prefix.py), except in one unified KV stream
+        SequenceSlots.__init__(self, max_sequences, keep_prefix=keep_prefix and not kv_unified)
 
     # -- text -----------------------------------------------------------------------------
 
@@ -144,45 +143,7 @@ class LlamaCppEngine(SequenceSlots):
         if length < self._lengths[seq]:
             if not self._lib.llama_memory_seq_rm(self._memory, seq, length, -1):
                 raise EngineError(f"llama.cpp could not truncate sequence {seq} to {length}")
-            self._lengths[seq] = length
-            if self.prefix is not None:
-                self.prefix.truncated(seq, length)
-
-    def prefill(self, token_ids: Sequence[int]) -> int:
-        """A new sequence holding token_ids: the kept sequence of an earlier request cut back to
-        their common prefix, the rest fed (engines/prefix.py), or a cold prefill."""
-        found = self.prefix.take(token_ids) if self.prefix is not None else None
-        if found is None:
-            return SequenceSlots.prefill(self, token_ids)
-        seq, shared = found
-        self._lengths[seq] = len(self.prefix.tokens[seq])
-        try:
-            self.truncate(seq, shared)
-            for start in range(shared, len(token_ids), self.batch_size):
-                self._feed(seq, list(token_ids[start : start + self.batch_size]))
-        except EngineError:
-            self.release(seq)
-            raise
-        return seq
-
-    def fork(self, seq: int) -> int:
-        child = SequenceSlots.fork(self, seq)
-        if self.prefix is not None:
-            self.prefix.forked(seq, child)
-        return child
-
-    def allocate(self) -> int:
-        if not self._free and self.prefix is not None and self.prefix.kept is not None:
-            self._clear(self.prefix.evict())  # the kept prefix gives its stream up
-        return SequenceSlots.allocate(self)
-
-    def release(self, seq: int) -> None:
-        if seq not in self._lengths:
-            return
-        cleared = self.prefix.released(seq) if self.prefix is not None else seq
-        del self._lengths[seq]  # no longer live (a kept sequence is not: its stream waits for a prefill)
-        if cleared is not None:
-            self._clear(cleared)
+            self._truncated(seq, length)
 
     def _clear(self, seq: int) -> None:
         self._lib.llama_memory_seq_rm(self._memory, seq, -1, -1)
@@ -226,9 +187,7 @@ class LlamaCppEngine(SequenceSlots):
         if status != 0:
             raise EngineError(f"llama_decode failed with status {status}")
         self._lengths.update(positions)
-        if self.prefix is not None:
-            for seq, token in batch:
-                self.prefix.fed(seq, (token,))
+        self._fed((seq, (token,)) for seq, token in batch)
         if not want_logits:
             return np.zeros((0, self.vocab_size), np.float32)
         logits = np.ctypeslib.as_array(self._lib.llama_get_logits(self._ctx), shape=(len(batch), self.vocab_size))
