@@ -38,13 +38,14 @@ def first_token_s(model: SSR, messages: list[dict]) -> tuple[float, int, int]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--model", default="qwen2.5-coder-0.5b")
+    parser.add_argument("--engine", default="llama.cpp", choices=["llama.cpp", "transformers"])
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--chars", type=int, default=6000, help="characters of the tool result")
     args = parser.parse_args()
     turn1 = conversation(args.chars)
     medians = {}
     for kept in (True, False):
-        model = SSR(args.model)
+        model = SSR(args.model, args.engine)
         if not kept:
             model.engine.prefix = None  # every prefill cold
         times = []
