@@ -22,7 +22,7 @@ avoided here:
   keys add exact zeros;
 - matmuls with many rows take other kernels again (torch's CPU sgemm on this machine:
   112 rows and fewer agree with 16, 113 and more do not, for Qwen2.5-0.5B's 896-wide
-  layers; SmolLM2's 576-wide ones never switch up to 600) -> a pass feeds at most
+  layers, 64 and more for SmolLM2's 1536-wide down projection) -> a pass feeds at most
   `max_rows` queries in all, measured at load for the model's own layer shapes
   (`invariant_rows`); a longer feed is split into passes of that size, which also makes
   a prefill's chunking (a cold one, or one after a kept prefix) change nothing.
