@@ -37,7 +37,7 @@ def measure(path: str, modes: list[str]) -> None:
     from ssr.bench.replay import REPLAY_FORMAT, ReplayEngine, RowModel
     from ssr.config import GenerationConfig
     from ssr.costs import CostModel, gpu_preset
-    from ssr.decode import Generation
+    from ssr.loop import Generation
     from ssr.policy import Plan
 
     traces = json.loads(Path(path).read_text())

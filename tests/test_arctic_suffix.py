@@ -7,7 +7,7 @@ import pytest
 
 pytest.importorskip("arctic_inference.suffix_decoding")
 from ssr.config import GenerationConfig  # noqa: E402
-from ssr.decode import Generation  # noqa: E402
+from ssr.loop import Generation  # noqa: E402
 from ssr.engines.fake import FakeEngine  # noqa: E402
 from ssr.history import ResponseHistory  # noqa: E402
 from ssr.proposers import PEER_SUFFIX, ArcticSuffixProposer, SuffixProposer, suffix_peer  # noqa: E402

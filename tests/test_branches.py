@@ -9,8 +9,9 @@ import pytest
 from ssr.bench.simulate import config_from_dict, replay
 from ssr.config import GenerationConfig, SamplingParams
 from ssr.costs import CostModel, Costs, gpu_preset
-from ssr.decode import Generation
+from ssr.loop import Generation
 from ssr.engines.fake import FakeEngine
+from ssr.source import Source
 from ssr.spans import MAX_BRANCHES, AcceptanceStats, SpanPolicy
 from ssr.thinking import FORMATS
 
@@ -61,8 +62,9 @@ def test_span_policy_keeps_candidates_worth_their_tokens(name, costs, rates, can
 
 def test_a_pass_teaches_every_source_and_the_guard_counts_it_once():
     policy = SpanPolicy(CostModel(table=gpu_preset()))
-    policy.observe_pass([("a", 8, 0), ("b", 8, 5)], seconds=gpu_preset().step(1))
-    assert policy.stats["a"].failed[0] == 1 and policy.stats["b"].at_risk[:6] == [1.0] * 6
+    a, b = Source("a"), Source("b")
+    policy.observe_pass([(a, 8, 0), (b, 8, 5)], seconds=gpu_preset().step(1))
+    assert policy.stats[a].failed[0] == 1 and policy.stats[b].at_risk[:6] == [1.0] * 6
     assert policy.timed_passes == 1
     assert policy.gain_s == pytest.approx(5 * gpu_preset().step(1))  # 6 tokens for the price of one step
 
@@ -111,7 +113,7 @@ def run(mode, prompt, order=2, costs=None, engine=None, **overrides):
 def test_branches_keep_greedy_identity(order, prompt, draft_at):
     _, expected = run("ar", PROMPTS[prompt], order, draft_at=draft_at)
     generation, got = run("ssr", PROMPTS[prompt], order, draft_at=draft_at)
-    assert generation.branches == MAX_BRANCHES
+    assert generation.speculation.candidates == MAX_BRANCHES
     assert (got.cot_ids, got.answer_ids) == (expected.cot_ids, expected.answer_ids)
     assert got.metrics.stop == expected.metrics.stop and got.metrics.cot_end == expected.metrics.cot_end
     assert got.metrics.branch_wins <= got.metrics.branch_passes
@@ -143,7 +145,7 @@ def test_one_candidate_where_branches_cannot_pay_or_cannot_run(case):
         assert (got.cot_ids, got.answer_ids) == (expected.cot_ids, expected.answer_ids)
         assert all(event.get("candidates", 1) <= 2 for event in got.trace)
         return
-    assert generation.branches == 1 and got.metrics.branch_passes == 0
+    assert generation.speculation.candidates == 1 and got.metrics.branch_passes == 0
 
 
 @pytest.mark.parametrize("order", [1, 2])
@@ -170,6 +172,6 @@ def test_sampling_verifies_several_candidates_as_a_token_tree():
     passes = 0
     for seed in range(4):
         generation, got = run("ssr", PROMPTS[1], 1, sampling=SamplingParams(temperature=0.7, seed=seed))
-        assert generation.branches == MAX_BRANCHES
+        assert generation.speculation.candidates == MAX_BRANCHES
         passes += got.metrics.branch_passes
     assert passes > 0

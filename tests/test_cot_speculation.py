@@ -6,7 +6,7 @@ from collections import Counter
 import pytest
 
 from ssr.config import GenerationConfig, SamplingParams
-from ssr.decode import Generation
+from ssr.loop import Generation
 from ssr.engines.fake import FakeEngine
 from ssr.thinking import FORMATS
 from test_decode_fake import contingency_p
@@ -110,13 +110,13 @@ def test_cot_spans_keep_the_sampling_distribution(mode):
 
 def test_distribution_test_catches_a_biased_cot(monkeypatch):
     """The test above can fail: accepting every CoT span token changes the law."""
-    from ssr import decode
+    from ssr.loop import verifier
     from ssr.verify import Verdict
 
     def accept_all(draft_ids, draft_probs, target, rng, approx=False):
         return Verdict(len(draft_ids), int(target[-1].argmax()), False)
 
     ar = cot_prefix_counts("ar", range(0, 1500))
-    monkeypatch.setattr(decode, "verify_sampled", accept_all)
+    monkeypatch.setattr(verifier, "verify_sampled", accept_all)
     biased = cot_prefix_counts("pld", range(10000, 11500))
     assert contingency_p(ar, biased) < 1e-6

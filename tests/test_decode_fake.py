@@ -8,7 +8,7 @@ from scipy.stats import chi2_contingency
 
 from ssr.config import GenerationConfig, SamplingParams, SuffixParams
 from ssr.costs import CostModel, gpu_preset
-from ssr.decode import Generation
+from ssr.loop import Generation
 from ssr.engines.fake import FakeEngine, FakeTreeEngine
 from ssr.thinking import FORMATS
 

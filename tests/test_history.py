@@ -4,7 +4,7 @@ from ssr.api import SSR
 from ssr.bench.runner import run_bench
 from ssr.bench.suites import Item
 from ssr.config import GenerationConfig, SuffixParams
-from ssr.decode import Generation
+from ssr.loop import Generation
 from ssr.engines.fake import FakeEngine
 from ssr.history import ResponseHistory
 from ssr.proposers import SuffixProposer

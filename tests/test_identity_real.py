@@ -101,7 +101,7 @@ def gpu_priced(model, prompt, mode, **budgets):
     on beside the draft child in shared passes and several candidate spans are verified per pass,
     each on its own fork of the parent (real forks and one-pass batches on the real engine)."""
     from ssr.costs import CostModel, gpu_preset
-    from ssr.decode import Generation
+    from ssr.loop import Generation
 
     fmt = model.format()
     config = GenerationConfig(mode=mode, policy="fixed", **budgets)

@@ -4,7 +4,7 @@ import pytest
 
 from ssr.config import GenerationConfig
 from ssr.costs import Costs, gpu_preset
-from ssr.decode import Generation
+from ssr.loop import Generation
 from ssr.engines.fake import FakeEngine
 from ssr.costs import CostModel
 from ssr.spans import span_extension

@@ -3,7 +3,7 @@ previous one; the output stays exactly plain decoding's."""
 import pytest
 
 from ssr.config import GenerationConfig, SamplingParams, SuffixParams
-from ssr.decode import Generation
+from ssr.loop import Generation
 from ssr.engines.fake import FakeEngine
 from ssr.thinking import FORMATS
 

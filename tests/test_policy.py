@@ -3,6 +3,10 @@ import pytest
 
 from ssr.costs import CostModel
 from ssr.spans import AcceptanceStats, best_span_length
+from ssr.source import NO_SOURCE, Source
+
+BAD, GOOD = Source("bad"), Source("good")  # sources of spans always rejected, always accepted
+SUFFIX, LOOKUP = Source("suffix"), Source("lookup")
 
 GPU_LIKE = CostModel(step_s=0.020, token_s=0.0002)  # a pass of k tokens ~ one step
 CPU_LIKE = CostModel(step_s=0.050, token_s=0.020)  # every scored token costs 0.4 step
@@ -278,12 +282,12 @@ def test_span_cut_follows_each_sources_measured_acceptance():
     from ssr.spans import SpanPolicy
 
     policy = SpanPolicy(CPU_LIKE)
-    assert len(policy.cut([1] * 20, "new")) > 0  # a source naming no match: the optimistic prior, tried
+    assert len(policy.cut([1] * 20, Source("new"))) > 0  # a source naming no match: the optimistic prior, tried
     for _ in range(30):
-        policy.observe(8, 0, source="bad")  # first token always rejected
-        policy.observe(8, 8, source="good")
-    assert policy.cut([1] * 20, "bad") == []
-    assert len(policy.cut([1] * 20, "good")) >= 8
+        policy.observe(8, 0, source=BAD)  # first token always rejected
+        policy.observe(8, 8, source=GOOD)
+    assert policy.cut([1] * 20, BAD) == []
+    assert len(policy.cut([1] * 20, GOOD)) >= 8
 
 
 def test_span_guard_stops_spans_that_lose_time_and_keeps_exploring():
@@ -311,9 +315,9 @@ def test_span_guard_stops_spans_that_lose_time_and_keeps_exploring():
 
 CHOICES = [  # (candidates, observations per source (proposed, accepted) x 8, expected source, expected length);
     # spans are priced by each source's measured acceptance
-    ([("suffix", [1, 2]), ("lookup", [5, 6, 7, 8])], {}, "lookup", 4),
-    ([("suffix", [1, 2, 3]), ("lookup", [5, 6, 7, 8])], {"lookup": (4, 0)}, "suffix", 3),
-    ([("suffix", [1, 2, 3]), ("lookup", [5, 6, 7, 8, 9, 10])], {"lookup": (6, 6)}, "lookup", 6),
+    ([(SUFFIX, [1, 2]), (LOOKUP, [5, 6, 7, 8])], {}, LOOKUP, 4),
+    ([(SUFFIX, [1, 2, 3]), (LOOKUP, [5, 6, 7, 8])], {LOOKUP: (4, 0)}, SUFFIX, 3),
+    ([(SUFFIX, [1, 2, 3]), (LOOKUP, [5, 6, 7, 8, 9, 10])], {LOOKUP: (6, 6)}, LOOKUP, 6),
 ]
 
 
@@ -336,23 +340,23 @@ def test_span_acceptance_carries_to_the_next_request_and_fades():
 
     first = SpanPolicy(CPU_LIKE)
     for _ in range(6):
-        first.observe(8, 0, source="bad")
-        first.observe(8, 8, source="good")
+        first.observe(8, 0, source=BAD)
+        first.observe(8, 8, source=GOOD)
     learnt = dict(first.stats)
     second = SpanPolicy(CPU_LIKE, learnt)
-    assert second.cut([1] * 20, "bad") == [] and len(second.cut([1] * 20, "good")) >= 8
-    assert SpanPolicy(CPU_LIKE).cut([1] * 20, "bad") != []  # without the record: the optimistic prior
-    assert learnt["bad"].at_risk == first.stats["bad"].at_risk  # carried as a copy, not shared
+    assert second.cut([1] * 20, BAD) == [] and len(second.cut([1] * 20, GOOD)) >= 8
+    assert SpanPolicy(CPU_LIKE).cut([1] * 20, BAD) != []  # without the record: the optimistic prior
+    assert learnt[BAD].at_risk == first.stats[BAD].at_risk  # carried as a copy, not shared
     later = learnt
     for request in range(12):  # requests that never try it: its failures weigh less and less
         later = dict(SpanPolicy(CPU_LIKE, later).stats)
-        if SpanPolicy(CPU_LIKE, later).cut([1] * 20, "bad"):
+        if SpanPolicy(CPU_LIKE, later).cut([1] * 20, BAD):
             break
     assert 0 < request < 11
 
 
 def test_requests_hand_their_span_acceptance_to_the_next():
-    from ssr.decode import Generation
+    from ssr.loop import Generation
     from ssr.engines.fake import FakeEngine
     from ssr.thinking import FORMATS
 
@@ -367,20 +371,22 @@ def test_requests_hand_their_span_acceptance_to_the_next():
     assert plain.spans == {}  # the peers cut nothing: nothing to learn
 
 
-PRIORS = [  # (source, its first-token prior): m / (m + 2) for m tokens matched
-    ("lookup/1", 1 / 3), ("recent/2", 2 / 4), ("lookup/3", 3 / 5),
-    ("suffix/0", 1 / 3), ("suffix/1", 4 / 6), ("suffix/2~", 8 / 10), ("suffix/3", 16 / 18),
-    ("suffix/9", 16 / 18),  # past the last bucket: its shortest match
-    ("suffix", 0.9), ("draft", 0.9), ("", 0.9), ("lookup/x", 0.9),  # no match named
-    ("frequent", 0.05),  # follows no match: its own measured prior (UNMATCHED_PRIORS)
+PRIORS = [  # (source, its name in traces, its first-token prior): m / (m + 2) for m tokens matched
+    (Source("lookup", 1), "lookup/1", 1 / 3), (Source("recent", 2), "recent/2", 2 / 4),
+    (Source("lookup", 3), "lookup/3", 3 / 5), (Source("other", 2), "other/2", 2 / 4),
+    (Source.suffix(0), "suffix/0", 1 / 3), (Source.suffix(1), "suffix/1", 4 / 6),
+    (Source.suffix(2, alternative=True), "suffix/2~", 8 / 10), (Source.suffix(3), "suffix/3", 16 / 18),
+    (Source.suffix(9), "suffix/3", 16 / 18),  # past the last bucket: its shortest match
+    (Source("suffix"), "suffix", 0.9), (Source("draft"), "draft", 0.9), (NO_SOURCE, "", 0.9),  # no match named
+    (Source("frequent"), "frequent", 0.05),  # follows no match: its own measured prior (UNMATCHED_PRIORS)
 ]
 
 
-@pytest.mark.parametrize("source,prior", PRIORS, ids=[p[0] or "unnamed" for p in PRIORS])
-def test_first_token_prior_follows_the_match_length(source, prior):
-    from ssr.spans import SpanPolicy, first_token_prior
+@pytest.mark.parametrize("source,name,prior", PRIORS, ids=[p[1] or "unnamed" for p in PRIORS])
+def test_first_token_prior_follows_the_match_length(source, name, prior):
+    from ssr.spans import SpanPolicy
 
-    assert first_token_prior(source) == pytest.approx(prior)
+    assert source.prior == pytest.approx(prior) and str(source) == name
     stats = SpanPolicy(CPU_LIKE).stats[source]  # a new source starts from its own prior
     assert stats.prior_first == pytest.approx(prior) and stats.probs(1) == pytest.approx([prior])
 
@@ -392,8 +398,8 @@ def test_short_matches_are_not_tried_on_the_prior_where_a_failed_token_costs_hal
     from ssr.spans import SpanPolicy
 
     half_step = CostModel(step_s=0.040, token_s=0.020)
-    assert SpanPolicy(half_step).cut([1] * 8, "lookup/1") == []
-    assert SpanPolicy(half_step).cut([1] * 8, "suffix/3") != []
-    assert SpanPolicy(GPU_LIKE).cut([1] * 8, "lookup/1") != []
-    carried = SpanPolicy(half_step, {"lookup/1": SpanPolicy(half_step).stats["lookup/1"]}).stats["lookup/1"]
+    assert SpanPolicy(half_step).cut([1] * 8, Source("lookup", 1)) == []
+    assert SpanPolicy(half_step).cut([1] * 8, Source.suffix(3)) != []
+    assert SpanPolicy(GPU_LIKE).cut([1] * 8, Source("lookup", 1)) != []
+    carried = SpanPolicy(half_step, {Source("lookup", 1): SpanPolicy(half_step).stats[Source("lookup", 1)]}).stats[Source("lookup", 1)]
     assert carried.prior_first == pytest.approx(1 / 3)  # carried to the next request with its prior

@@ -7,6 +7,8 @@ import random
 
 import pytest
 
+from ssr.source import Source
+
 pytestmark = pytest.mark.shared_data  # needs nothing from ../shared: runs from a clone too
 
 
@@ -122,7 +124,7 @@ def test_sglang_ngram_pads_its_tree_and_a_pad_can_be_accepted():
     proposer = SglangNgramProposer([5, 6, 7])
     assert proposer.candidates(100) == []  # prefill drafts nothing
     proposer.observe([8])
-    assert proposer.candidates(100) == [("sglang-ngram", [0])]  # an empty trie: root + 11 pads
+    assert proposer.candidates(100) == [(Source("sglang-ngram"), [0])]  # an empty trie: root + 11 pads
     proposer.observe([5])  # inserts [5, 6, 7, 8]'s suffixes
     proposer.observe([6])
     assert sorted(path for _, path in proposer.candidates(100)) == [[0], [7, 8, 5]]
@@ -202,7 +204,7 @@ def test_llamacpp_ngram_mod_rules(monkeypatch):
     proposer.observe([1])
     assert proposer.candidates(10) == []  # [9, 1] was never seen: the first slot is empty
     proposer.observe([2])
-    assert proposer.candidates(10) == [("llamacpp-ngram-mod", [3, 4, 5, 9])]  # [1, 2] -> 3, [2, 3] -> 4 ...
+    assert proposer.candidates(10) == [(Source("llamacpp-ngram-mod"), [3, 4, 5, 9])]  # [1, 2] -> 3, [2, 3] -> 4 ...
     proposer.observe([3, 4, 5, 9, 9])  # accepted all: no poor draft
     assert proposer.pool.low == 0
     short = mod.NgramModProposer([7, 8, 6], ResponseHistory())
@@ -214,7 +216,7 @@ def test_llamacpp_ngram_mod_rules(monkeypatch):
     cycle.observe([1])
     cycle.observe([2])
     for poor in range(5):  # five drafts in a row with none accepted (steps without a draft between)
-        assert cycle.candidates(10) == [("llamacpp-ngram-mod", [1, 2, 1, 2])] and cycle.pool.low == poor
+        assert cycle.candidates(10) == [(Source("llamacpp-ngram-mod"), [1, 2, 1, 2])] and cycle.pool.low == poor
         cycle.observe([7])
         assert cycle.candidates(10) == []  # [2, 7] unseen: no draft, the streak goes on
         cycle.observe([1])

@@ -14,7 +14,8 @@ from ssr.bench.trace_replay import mode_config, replay_trace
 from ssr.bench.traces import load_traces, tokenize_trace
 from ssr.config import ConfigError
 from ssr.costs import CostModel
-from ssr.decode import Generation
+from ssr.loop import Generation
+from ssr.source import Source
 from ssr.proposers import Shape
 from test_traces import GPU, WordVocab, write_traces
 
@@ -108,7 +109,7 @@ def test_arctic_tree_accepts_what_arctics_own_simulator_accepts(tmp_path):
 class FixedTree:
     """A peer that verifies a tree of its own, padded to a fixed width (SGLang's NGRAM shape)."""
 
-    source = "fixed"
+    source = Source("fixed")
     shape = Shape(tree=True, width=12, pad=0)
 
     def __init__(self):

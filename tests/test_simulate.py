@@ -13,7 +13,7 @@ from ssr.bench.drafts import DraftBook
 from ssr.bench.simulate import (anchor_to_ar, config_from_dict, format_projection, project_modes, replay, simulate,
                                 summarise_projection)
 from ssr.config import ConfigError, GenerationConfig
-from ssr.decode import Generation
+from ssr.loop import Generation
 from ssr.costs import CostModel
 from ssr.engines.fake import FakeEngine
 from ssr.thinking import FORMATS

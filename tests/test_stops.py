@@ -5,7 +5,7 @@ from dataclasses import replace
 import pytest
 
 from ssr.config import GenerationConfig
-from ssr.decode import Generation
+from ssr.loop import Generation
 from ssr.engines.fake import FakeEngine
 from ssr.text import LoopGuard
 from ssr.thinking import FORMATS

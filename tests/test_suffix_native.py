@@ -54,7 +54,7 @@ def test_ssr_suffix_is_native_where_arctic_is_installed_and_buckets_by_match_len
     for each in (proposer, python):
         each.observe(text[:20])  # the output repeats the prompt
     [(source, span)] = proposer.candidates(64)
-    assert source == "suffix/3" and span == text[20:40]  # a 20-token match: the 16+ bucket
+    assert str(source) == "suffix/3" and span == text[20:40]  # a 20-token match: the 16+ bucket
     assert python.candidates(64) == [(source, span)]  # ssr's own tree proposes the same
 
 

@@ -6,6 +6,7 @@ import pytest
 from ssr.proposers import FrequentTokens, LookupProposer, PromptLookupProposer, SuffixProposer, vllm_ngram
 from ssr.config import SuffixParams
 from ssr.suffix_tree import SuffixTree
+from ssr.source import Source
 
 
 def brute_count(sequences, pattern, max_depth):
@@ -196,13 +197,13 @@ def _lookup_oracle(tokens, max_ngram, num_tokens):
             continue
         after = [tokens[start + size:start + size + num_tokens] for start in starts]
         if not out:
-            out = [(f"lookup/{size}", after[0])]
+            out = [(Source("lookup", size), after[0])]
             if len(starts) > 1:
-                out.append((f"recent/{size}", after[-1]))
+                out.append((Source("recent", size), after[-1]))
             if len(starts) > 2 and all(span[0] != after[-2][0] for _, span in out):
-                out.append((f"recent/{size}", after[-2]))
+                out.append((Source("recent", size), after[-2]))
         elif all(span[0] != after[-1][0] for _, span in out):
-            return out + [(f"recent/{size}", after[-1])]
+            return out + [(Source("recent", size), after[-1])]
     return out
 
 
@@ -223,10 +224,10 @@ def test_lookup_offers_the_latest_occurrence_beside_the_earliest():
     proposer = LookupProposer([1, 2, 3, 9, 1, 2, 4, 8, 2, 7], max_ngram=2, num_tokens=2)
     proposer.observe([1, 2])
     # "1 2" went on "3 9" first and "4 8" last; "2" alone last went on "7 1"
-    assert proposer.candidates(5) == [("lookup/2", [3, 9]), ("recent/2", [4, 8]), ("recent/1", [7, 1])]
+    assert [(str(source), span) for source, span in proposer.candidates(5)] == [("lookup/2", [3, 9]), ("recent/2", [4, 8]), ("recent/1", [7, 1])]
     proposer = LookupProposer([1, 2, 5, 1, 2, 6, 1, 2, 7, 1, 2], max_ngram=2, num_tokens=2)
     # "1 2" went on "5" first, "7" last, "6" the time before; "2" alone last went on "7" too
-    assert proposer.candidates(5) == [("lookup/2", [5, 1]), ("recent/2", [7, 1]), ("recent/2", [6, 1])]
+    assert [(str(source), span) for source, span in proposer.candidates(5)] == [("lookup/2", [5, 1]), ("recent/2", [7, 1]), ("recent/2", [6, 1])]
 
 
 def _other_ways_oracle(tokens, max_ngram, num_tokens, offered, others):
@@ -242,7 +243,7 @@ def _other_ways_oracle(tokens, max_ngram, num_tokens, offered, others):
         for token, start in sorted(latest.items(), key=lambda item: -item[1]):
             if len(out) < others and token not in offered:
                 offered.add(token)
-                out.append((f"other/{size}", tokens[start + size:start + size + num_tokens]))
+                out.append((Source("other", size), tokens[start + size:start + size + num_tokens]))
     return out
 
 
@@ -266,7 +267,7 @@ def test_lookup_other_ways_match_brute_force(seed):
 def test_lookup_offers_every_other_way_an_n_gram_went():
     proposer = LookupProposer([1, 2, 3, 1, 2, 4, 1, 2, 5, 1, 2, 6, 1, 2], max_ngram=2, num_tokens=1, others=4)
     # "1 2" went on 3 (earliest), 6 (latest), 5 (the time before); then the other ways: 4
-    assert proposer.candidates(1) == [("lookup/2", [3]), ("recent/2", [6]), ("recent/2", [5]), ("other/2", [4])]
+    assert [(str(source), span) for source, span in proposer.candidates(1)] == [("lookup/2", [3]), ("recent/2", [6]), ("recent/2", [5]), ("other/2", [4])]
 
 
 def _frequent_oracle(tokens, size):
@@ -311,7 +312,7 @@ def test_lookup_frequent_candidates_match_brute_force(seed):
         first, context = plain.candidates(limit), proposer.tokens
         offered = {span[0] for _, span in first}
         latest = {token: at for at, token in enumerate(context)}
-        expected = first + [("frequent", context[latest[token]: latest[token] + min(limit, 6)])
+        expected = first + [(Source("frequent"), context[latest[token]: latest[token] + min(limit, 6)])
                             for token in _frequent_oracle(context, 3) if token not in offered]
         assert proposer.candidates(limit) == expected
         new = [rng.randrange(8) for _ in range(rng.randrange(1, 3))]
@@ -323,4 +324,4 @@ def test_lookup_offers_frequent_tokens_where_no_n_gram_matches():
     proposer = LookupProposer([5, 1, 5, 2, 5, 3], max_ngram=2, num_tokens=2, frequent=2)
     proposer.observe([9])  # 9 occurs nowhere before: no n-gram matches
     # 5 is the commonest (latest at 4: "5 3"), then 1 (reached 1 first of the tokens counted once)
-    assert proposer.candidates(2) == [("frequent", [5, 3]), ("frequent", [1, 5])]
+    assert proposer.candidates(2) == [(Source("frequent"), [5, 3]), (Source("frequent"), [1, 5])]

@@ -10,7 +10,8 @@ from ssr.bench.replay import RowModel, TreeReplayEngine
 from ssr.bench.trace_replay import NO_DRAFT
 from ssr.config import GenerationConfig, SamplingParams
 from ssr.costs import CostModel, gpu_preset
-from ssr.decode import Generation
+from ssr.loop import Generation
+from ssr.loop.speculation import Layout
 from ssr.engines.base import EngineError, tree_passes
 from ssr.engines.fake import FakeEngine, FakeTreeEngine
 from ssr.spans import MAX_TREE_CANDIDATES
@@ -125,7 +126,7 @@ def run(mode, prompt, order=2, engine=None, plan=None, **overrides):
 def test_tree_passes_keep_greedy_identity(order, prompt, draft_at):
     _, expected, _ = run("ar", PROMPTS[prompt], order, engine=FakeEngine(order=order), draft_at=draft_at)
     generation, got, engine = run("ssr", PROMPTS[prompt], order, draft_at=draft_at)
-    assert tree_passes(engine) and generation.trees and generation.branches == MAX_TREE_CANDIDATES
+    assert tree_passes(engine) and generation.speculation.layout is Layout.TREE and generation.speculation.candidates == MAX_TREE_CANDIDATES
     assert (got.cot_ids, got.answer_ids) == (expected.cot_ids, expected.answer_ids)
     assert got.metrics.stop == expected.metrics.stop and got.metrics.cot_end == expected.metrics.cot_end
 
@@ -146,7 +147,7 @@ def test_tree_passes_verify_several_candidates_without_forks():
 @pytest.mark.parametrize("seed", range(3))
 def test_sampling_on_tree_passes_runs_and_releases_everything(seed):
     generation, got, engine = run("ssr", PROMPTS[1], 1, sampling=SamplingParams(temperature=0.7, seed=seed))
-    assert generation.trees and got.metrics.cot_tokens > 0
+    assert generation.speculation.layout is Layout.TREE and got.metrics.cot_tokens > 0
 
 
 def _whole_or_nothing(rate, spans=20):

@@ -116,7 +116,7 @@ def sampled_first_answer_tokens(model, mode: str, seeds) -> "Counter":
     from collections import Counter
     from concurrent.futures import ThreadPoolExecutor
 
-    from ssr.decode_vllm import VllmGeneration
+    from ssr.loop.vllm_walk import VllmGeneration
 
     prompt = _prompts()[0]
     fmt = model.format()

@@ -1,8 +1,7 @@
 """ssr: self-speculation for reasoning models, lossless and measured."""
 from .api import SSR
 from .config import ConfigError, GenerationConfig, SamplingParams, SuffixParams
-from .decode import Generation
-from .walk import Chunk, Result
+from .loop import Chunk, Generation, Result
 
 __all__ = ["SSR", "ConfigError", "GenerationConfig", "SamplingParams", "SuffixParams",
            "Chunk", "Generation", "Result"]

@@ -4,8 +4,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from .config import GenerationConfig
-from .decode import Generation
-from .walk import Result
+from .loop import Generation, Result
 from .engines import Engine, load_engine
 from .models import DEFAULT_MODEL
 from .costs import CostModel
@@ -104,7 +103,7 @@ class SSR:
         if fmt.name == "none" and config.thinking_budget:  # nothing to think inside
             config = replace(config, thinking_budget=0, draft_at=0)
         if self.requests_based:
-            from .decode_vllm import VllmGeneration
+            from .loop.vllm_walk import VllmGeneration
 
             return VllmGeneration(self.engine, fmt, config, prompt_ids, self.banned_ids(fmt),
                                   costs=self.costs, stats=self.stats)

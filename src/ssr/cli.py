@@ -10,7 +10,7 @@ import json
 import os
 import sys
 
-from .config import DRAFT_MODES, MODES, POLICIES, VERIFY_MODES, ConfigError, GenerationConfig, SamplingParams
+from .config import DRAFT_MODES, MODE_TABLE, MODES, POLICIES, VERIFY_MODES, ConfigError, GenerationConfig, SamplingParams
 from .models import DEFAULT_MODEL, REGISTRY
 from .engines import ENGINES
 from .bench.parsers import add_replay_commands
@@ -142,7 +142,8 @@ def add_model_arguments(parser: argparse.ArgumentParser, several_engines: bool =
 def add_generation_arguments(parser: argparse.ArgumentParser, with_mode: bool = True) -> None:
     defaults = GenerationConfig()
     if with_mode:
-        parser.add_argument("--mode", default=defaults.mode, choices=MODES, help="ar is plain decoding")
+        parser.add_argument("--mode", default=defaults.mode, choices=MODES,
+                            help="; ".join(f"{mode.name}: {mode.summary}" for mode in MODE_TABLE.values()))
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     parser.add_argument("--top-p", type=float, default=1.0)
     parser.add_argument("--top-k", type=int, default=0)

@@ -8,10 +8,38 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-MODES = ("ar", "ssr", "ssr-prefix", "ssr-suffix", "suffix", "pld", "ngram")
-DRAFT_MODES = ("ssr", "ssr-prefix", "ssr-suffix")  # modes that fork draft children
 VERIFY_MODES = ("exact", "approx")
 POLICIES = ("auto", "fixed")
+
+
+@dataclass(frozen=True)
+class Mode:
+    """What a mode of the decoding loop does; every reader of a mode's meaning reads it here."""
+
+    name: str
+    drafts: bool  # forks draft children from the partial CoT (ssr's method)
+    verifies_draft: bool  # verifies the latest draft as a prefix of the answer in one pass
+    proposer: str | None  # what speculates the output: "suffix" (ssr's sources where it drafts, else the
+    #                       `suffix` peer), "pld", "ngram" (the peers as their users run them), None (plain)
+    summary: str  # one line for help and docs
+
+    @property
+    def chooses(self) -> bool:
+        """ssr's own speculation: the span policy chooses among the sources and cuts each span."""
+        return self.drafts and self.proposer is not None
+
+
+MODE_TABLE = {mode.name: mode for mode in (
+    Mode("ar", False, False, None, "plain decoding"),
+    Mode("ssr", True, True, "suffix", "draft children, the draft verified, every output token speculated"),
+    Mode("ssr-prefix", True, True, None, "draft children, the draft verified, the rest decoded plainly"),
+    Mode("ssr-suffix", True, False, "suffix", "draft children seed the speculation; no draft verify pass"),
+    Mode("suffix", False, False, "suffix", "peer: vLLM's suffix decoding (arctic-inference's tree)"),
+    Mode("pld", False, False, "pld", "peer: transformers' prompt lookup decoding"),
+    Mode("ngram", False, False, "ngram", "peer: vLLM's ngram method (its docs' example)"),
+)}
+MODES = tuple(MODE_TABLE)
+DRAFT_MODES = tuple(name for name, mode in MODE_TABLE.items() if mode.drafts)  # modes that fork draft children
 
 
 class ConfigError(ValueError):
@@ -100,18 +128,14 @@ class GenerationConfig:
     @property
     def uses_draft(self) -> bool:
         """Modes that fork a draft child from the partial CoT."""
-        return self.mode in DRAFT_MODES
+        return MODE_TABLE[self.mode].drafts
 
     @property
     def verifies_draft_prefix(self) -> bool:
         """Modes that verify the draft as a prefix of the answer in one pass."""
-        return self.mode in ("ssr", "ssr-prefix")
+        return MODE_TABLE[self.mode].verifies_draft
 
     @property
     def proposer(self) -> str | None:
         """Continuation proposer: 'suffix', 'pld', 'ngram' or None (plain decoding)."""
-        if self.mode in ("ssr", "ssr-suffix", "suffix"):
-            return "suffix"
-        if self.mode in ("pld", "ngram"):
-            return self.mode
-        return None
+        return MODE_TABLE[self.mode].proposer

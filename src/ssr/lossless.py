@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .walk import Result
+from .loop import Result
 from .engines.base import Engine
 
 

@@ -127,6 +127,10 @@ class StageClock:
         self.clock = clock  # seconds, monotonic (a replay engine's modelled clock in `ssr simulate`)
         self.start = clock()
 
+    def restart(self) -> None:
+        """Count from now (a walk built before it runs)."""
+        self.start = self.clock()
+
     def now(self) -> float:
         return self.clock() - self.start
 

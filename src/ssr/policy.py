@@ -20,7 +20,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 
-from .config import GenerationConfig
+from .config import MODE_TABLE, GenerationConfig
 from .costs import CostModel
 from .spans import AcceptanceStats
 
@@ -62,10 +62,10 @@ class PolicyStats:
         self.cot_tokens = (self.cot_tokens + [metrics.cot_tokens])[-self.window :]
         self.answer_tokens = (self.answer_tokens + [metrics.answer_tokens])[-self.window :]
         continued = metrics.answer_tokens - metrics.accepted_prefix_tokens
-        if continued > 0 and metrics.mode in ("ssr", "ssr-suffix", "suffix"):
+        if continued > 0 and MODE_TABLE[metrics.mode].proposer == "suffix":
             self.answer_s += metrics.seconds["continuation"]
             self.answer_count += continued
-        if metrics.mode in ("ssr", "ssr-suffix"):  # the CoT speculation a child's life turns off
+        if MODE_TABLE[metrics.mode].chooses:  # the CoT speculation a child's life turns off
             beside_child = 0 if metrics.spans_beside_child else sum(stage["written"] for stage in metrics.stages)
             self.cot_open_tokens += max(0, metrics.cot_tokens - beside_child)
             self.cot_span_accepted += metrics.cot_accepted_tokens

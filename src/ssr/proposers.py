@@ -11,6 +11,7 @@ from typing import Protocol
 
 from .config import SuffixParams
 from .history import ResponseHistory
+from .source import NO_SOURCE, Source
 from .suffix_tree import SuffixTree, match_bucket
 
 
@@ -48,17 +49,17 @@ class Proposer(Protocol):
         """At most max_tokens guesses for the tokens that follow ([] for none), and the
         estimated probability that each prefix of them is right (None: no estimate)."""
 
-    def candidates(self, max_tokens: int) -> list[tuple[str, list[int]]]:
-        """(source name, span) of every non-empty proposal, for a span policy to choose from."""
+    def candidates(self, max_tokens: int) -> list[tuple[Source, list[int]]]:
+        """(source, span) of every non-empty proposal, for a span policy to choose from."""
 
 
 class OneSource:
     """`candidates` for a proposer that is a single source named `source`."""
 
-    source = ""
+    source = NO_SOURCE
     shape = CHAIN
 
-    def candidates(self, max_tokens: int) -> list[tuple[str, list[int]]]:
+    def candidates(self, max_tokens: int) -> list[tuple[Source, list[int]]]:
         span, _ = self.propose(max_tokens)
         return [(self.source, span)] if span else []
 
@@ -88,7 +89,7 @@ class CompetingProposers:
                 return span, probs
         return [], None
 
-    def candidates(self, max_tokens: int) -> list[tuple[str, list[int]]]:
+    def candidates(self, max_tokens: int) -> list[tuple[Source, list[int]]]:
         return [candidate for proposer in self.proposers.values() for candidate in proposer.candidates(max_tokens)]
 
 
@@ -99,11 +100,11 @@ class ArcticSuffixProposer(OneSource):
     last max_depth tokens of prompt + output are the pattern. Drafts are not added (vLLM's method
     has no such source). `suffix_peer` picks it when arctic-inference is installed."""
 
-    source = "suffix"
+    source = Source("suffix")
     implementation = "arctic-inference"
 
     def __init__(self, params: SuffixParams, prompt: Sequence[int], history: ResponseHistory | None = None,
-                 source: str = "suffix") -> None:
+                 source: Source = Source("suffix")) -> None:
         self.params = params
         self.source = source  # its candidates' name
         history = history if history is not None else ResponseHistory(0)
@@ -143,7 +144,7 @@ class SuffixProposer(OneSource):
     tree. The context's suffix nodes are kept up to date token by token in both trees, so a
     proposal costs O(depth), not O(depth^2)."""
 
-    source = "suffix"
+    source = Source("suffix")
     implementation = "ssr"
 
     def __init__(self, params: SuffixParams, seeds: Sequence[Sequence[int]],
@@ -169,12 +170,12 @@ class SuffixProposer(OneSource):
         span, probs, _ = self._best(max_tokens)
         return span, probs
 
-    def candidates(self, max_tokens: int) -> list[tuple[str, list[int]]]:
+    def candidates(self, max_tokens: int) -> list[tuple[Source, list[int]]]:
         """One candidate, its source named by its match length (long matches are trusted more:
         a span policy measures each bucket apart)."""
         span, _, match_len = self._best(max_tokens)
         bucket = match_bucket(match_len)
-        return [(f"{self.source}/{bucket}", span)] if span else []
+        return [(Source.suffix(bucket), span)] if span else []
 
     def _best(self, max_tokens: int) -> tuple[list[int], list[float], int]:
         """(span, probabilities, match length) of the request tree, or of the earlier responses'
@@ -195,7 +196,7 @@ class PromptLookupProposer(OneSource):
     are looked up in prompt + output, the earliest occurrence with a continuation wins, and the
     num_tokens tokens after it are proposed, every step, CoT included."""
 
-    source = "lookup"
+    source = Source("lookup")
 
     def __init__(self, seed: Sequence[int], max_ngram: int = 2, num_tokens: int = 10, min_ngram: int = 1) -> None:
         self.max_ngram = max_ngram  # longest n-gram matched first
@@ -268,7 +269,7 @@ class LookupProposer(PromptLookupProposer):
                     went[token] = end - 1 - size
             self.frequent.count(token)
 
-    def candidates(self, max_tokens: int) -> list[tuple[str, list[int]]]:
+    def candidates(self, max_tokens: int) -> list[tuple[Source, list[int]]]:
         limit = min(max_tokens, self.num_tokens)
         tokens, end = self.tokens, len(self.tokens)
         if limit <= 0:
@@ -278,22 +279,22 @@ class LookupProposer(PromptLookupProposer):
             return self._frequent(set(), limit)
         size, after = sizes[0], lambda start, n: tokens[start + n: start + n + limit]
         earliest, (latest, second) = self._first[tuple(tokens[end - size:])], self._before[size]
-        out = [(f"lookup/{size}", after(earliest, size))]
+        out = [(Source("lookup", size), after(earliest, size))]
         if latest != earliest:
-            out.append((f"recent/{size}", after(latest, size)))
+            out.append((Source("recent", size), after(latest, size)))
         offered = {span[0] for _, span in out}
         if second is not None and second != earliest and (span := after(second, size))[0] not in offered:
-            out.append((f"recent/{size}", span))
+            out.append((Source("recent", size), span))
             offered.add(span[0])
         for shorter in sizes[1:]:  # a shorter match whose latest occurrence goes another way
             span = after(self._before[shorter][0], shorter)
             if span[0] not in offered:
-                out.append((f"recent/{shorter}", span))
+                out.append((Source("recent", shorter), span))
                 offered.add(span[0])
                 break
         return out + self._other_ways(sizes, offered, limit) + self._frequent(offered, limit)
 
-    def _other_ways(self, sizes: list[int], offered: set[int], limit: int) -> list[tuple[str, list[int]]]:
+    def _other_ways(self, sizes: list[int], offered: set[int], limit: int) -> list[tuple[Source, list[int]]]:
         """Up to `others` candidates: for the longest n-gram down, the tokens the context's last n
         tokens went on to that no candidate offers yet, the latest first, each from the latest
         occurrence that went that way."""
@@ -304,14 +305,14 @@ class LookupProposer(PromptLookupProposer):
                     return out
                 if token not in offered:
                     offered.add(token)
-                    out.append((f"other/{size}", tokens[start + size: start + size + limit]))
+                    out.append((Source("other", size), tokens[start + size: start + size + limit]))
         return out
 
-    def _frequent(self, offered: set[int], limit: int) -> list[tuple[str, list[int]]]:
+    def _frequent(self, offered: set[int], limit: int) -> list[tuple[Source, list[int]]]:
         """The context's most frequent tokens no candidate offers yet, most frequent first, each
         followed by what followed its latest occurrence ("frequent": no context matched)."""
         tokens, latest = self.tokens, self._latest
-        return [("frequent", tokens[start: start + limit]) for token in self.frequent.top
+        return [(Source("frequent"), tokens[start: start + limit]) for token in self.frequent.top
                 if token not in offered and (start := latest[(token,)][0]) is not None]
 
 
@@ -353,7 +354,7 @@ def vllm_ngram(prompt: Sequence[int]) -> PromptLookupProposer:
     context (prompt + output) that occurred before, at its earliest occurrence, and proposes the
     k tokens after it: prompt lookup with n = 4 exactly and 5 tokens."""
     proposer = PromptLookupProposer(prompt, max_ngram=4, num_tokens=5, min_ngram=4)
-    proposer.source = "ngram"
+    proposer.source = Source("ngram")
     return proposer
 
 

@@ -12,7 +12,7 @@ from operator import mul
 from dataclasses import dataclass, field, replace
 
 from .costs import CostModel
-from .suffix_tree import MATCH_BUCKETS
+from .source import NO_SOURCE, Source
 from .verify import common_prefix
 
 
@@ -90,7 +90,7 @@ class AcceptanceStats:
     positions are shrunk towards the pooled hazard of all later positions, which also prices
     positions no span has reached yet, so spans can grow past what the cut has tried so far.
     The prior is one pseudo-span: its first token accepted with chance prior_first (the
-    policy sets it from the source's match length, first_token_prior), later ones with
+    policy sets it from the source's match length, Source.prior), later ones with
     prior_rate each: 0.65, the acceptance of a token after right ones pooled over every span of
     the development traces (`ssr traces`, GPU preset, cold: 52% after one right token, 61%
     after two, 71% after four, 83% after eight; copied text, once right, tends to stay right).
@@ -190,37 +190,11 @@ def _priced(priced: list[float], costs: CostModel, num_tokens: int) -> float:
     return priced[num_tokens - 1] if 0 < num_tokens <= len(priced) else costs.cost(num_tokens)
 
 
-# sources whose spans follow no context match, and their first token's prior: "frequent" (one of
-# the context's 8 commonest tokens, proposers.FrequentTokens): the 8 together held the next token
-# 22-28% of the time on the development traces, ~3.5% each
-UNMATCHED_PRIORS = {"frequent": 0.05}
-
-
-def first_token_prior(source: str) -> float:
-    """The prior chance that a source's first token is right, from the match its spans follow:
-    m / (m + 2) for m tokens of context matched (a lookup of n tokens: m = n; a suffix span: its
-    bucket's shortest match, MATCH_BUCKETS). Longer matches are right more often; on the
-    development traces (this machine's costs, 12 traces per group) first tokens were accepted
-    16-37% after 1-token matches, 40-45% after 2, 55-67% after 3, 62% after 4-7, 77% after
-    8-15, 93% after 16+ — m / (m + 2) gives 33, 50, 60, 67, 80, 89%. A prior no higher than what
-    a source delivers keeps it from being tried at a loss where a failed token costs half a
-    step (CPUs); where verifying is cheap (GPUs) every source is tried anyway. Sources that
-    follow no match at all (UNMATCHED_PRIORS): their own; other sources that name no match: 0.9."""
-    if source in UNMATCHED_PRIORS:
-        return UNMATCHED_PRIORS[source]
-    name, _, tail = source.rstrip("~").rpartition("/")
-    if not tail.isdigit():
-        return 0.9
-    matched = (1,) + MATCH_BUCKETS if name == "suffix" else None
-    length = matched[min(int(tail), len(matched) - 1)] if matched else int(tail)
-    return length / (length + 2)
-
-
 class _BySource(dict):
-    """Source -> AcceptanceStats; a source seen first starts from its own prior (first_token_prior)."""
+    """Source -> AcceptanceStats; a source seen first starts from its own prior (Source.prior)."""
 
-    def __missing__(self, source: str) -> AcceptanceStats:
-        stats = self[source] = AcceptanceStats(prior_first=first_token_prior(source))
+    def __missing__(self, source: Source) -> AcceptanceStats:
+        stats = self[source] = AcceptanceStats(prior_first=source.prior)
         return stats
 
 
@@ -241,22 +215,22 @@ class SpanPolicy:
 
     carry = 0.75  # weight of earlier requests' spans in a new request's acceptance curves
 
-    def __init__(self, costs: CostModel, learnt: dict[str, AcceptanceStats] | None = None) -> None:
+    def __init__(self, costs: CostModel, learnt: dict[Source, AcceptanceStats] | None = None) -> None:
         self.costs = costs
         # per source; starts from what earlier requests learnt (PolicyStats.spans), carried at 3/4 weight
-        self.stats: dict[str, AcceptanceStats] = _BySource(
+        self.stats: dict[Source, AcceptanceStats] = _BySource(
             {source: stats.carried(self.carry) for source, stats in (learnt or {}).items()})
         self.gain_s = 0.0  # realised seconds saved by span passes against plain steps
         self.timed_passes = 0  # passes whose seconds were reported
         self.skipped = 0  # proposals dropped by the guard since the last one verified
 
-    def choose(self, candidates: Sequence[tuple[str, list[int]]]) -> tuple[str, list[int]]:
-        """(source, span cut to its best length) of the candidate worth most; ("", []) for a plain step."""
+    def choose(self, candidates: Sequence[tuple[Source, list[int]]]) -> tuple[Source, list[int]]:
+        """(source, span cut to its best length) of the candidate worth most; (NO_SOURCE, []) for a plain step."""
         chosen = self.choose_many(candidates, 1)
-        return chosen[0] if chosen else ("", [])
+        return chosen[0] if chosen else (NO_SOURCE, [])
 
-    def choose_many(self, candidates: Sequence[tuple[str, list[int]]], max_count: int,
-                    tree: bool = False) -> list[tuple[str, list[int]]]:
+    def choose_many(self, candidates: Sequence[tuple[Source, list[int]]], max_count: int,
+                    tree: bool = False) -> list[tuple[Source, list[int]]]:
         """The candidate worth most (cut to its best length), then up to max_count - 1 others
         worth verifying beside it in the same pass: one is added when the tokens it is expected
         to add where the chosen ones fail (each chosen one's chance to fail by where it parts
@@ -266,7 +240,7 @@ class SpanPolicy:
         with the chosen ones. [] for a plain step."""
         ranked = []  # (tokens per second, source, cut span) of every span worth a pass alone
         priced = self.costs.costs(max(len(span) for _, span in candidates) + 1) if candidates else []
-        longest: dict[str, int] = {}  # source -> its longest span here (sources repeat)
+        longest: dict[Source, int] = {}  # source -> its longest span here (sources repeat)
         for source, span in candidates:
             longest[source] = max(longest.get(source, 0), len(span))
         floors = pass_floors(priced)
@@ -284,8 +258,8 @@ class SpanPolicy:
         chosen = [(source, span) for _, source, span in ranked[:1]]
         return self._add_beside(chosen, ranked[1:], max_count, tree, priced) if chosen else []
 
-    def _add_beside(self, chosen: list[tuple[str, list[int]]], ranked: list[tuple[float, str, list[int]]],
-                    max_count: int, tree: bool, priced: list[float]) -> list[tuple[str, list[int]]]:
+    def _add_beside(self, chosen: list[tuple[Source, list[int]]], ranked: list[tuple[float, Source, list[int]]],
+                    max_count: int, tree: bool, priced: list[float]) -> list[tuple[Source, list[int]]]:
         """choose_many's further candidates, best first, each kept when worth its tokens beside the
         chosen ones (priced: the costs of passes over 1, 2, ... tokens)."""
         step_s, fed = priced[0], len(chosen[0][1]) + 1  # a plain step; tokens in the pass so far
@@ -316,13 +290,13 @@ class SpanPolicy:
                 fed += added
         return chosen
 
-    def _parting_miss(self, source: str, common: int) -> float:
+    def _parting_miss(self, source: Source, common: int) -> float:
         """The chance that a span of this source fails at token common + 1, given the first common
         were right: 1 - S(common + 1) / S(common)."""
         probs = self.stats[source].probs(common + 1)
         return 1.0 - probs[common] / probs[common - 1] if probs[common - 1] > 0 else 1.0
 
-    def cut(self, span: list[int], source: str = "") -> list[int]:
+    def cut(self, span: list[int], source: Source = NO_SOURCE) -> list[int]:
         """One source's span cut to its best length ([] for a plain step)."""
         return self.choose([(source, span)])[1]
 
@@ -330,11 +304,12 @@ class SpanPolicy:
     def losing(self) -> bool:
         return self.timed_passes >= self.min_passes and self.gain_s < 0
 
-    def observe(self, num_proposed: int, num_accepted: int, seconds: float | None = None, source: str = "") -> None:
+    def observe(self, num_proposed: int, num_accepted: int, seconds: float | None = None,
+                source: Source = NO_SOURCE) -> None:
         """A verified span: its length, the verdict, the pass's seconds when measured, and its source."""
         self.observe_pass([(source, num_proposed, num_accepted)], seconds)
 
-    def observe_pass(self, verified: Sequence[tuple[str, int, int]], seconds: float | None = None) -> None:
+    def observe_pass(self, verified: Sequence[tuple[Source, int, int]], seconds: float | None = None) -> None:
         """A pass that verified one or more candidate spans, (source, proposed, accepted) each,
         and its seconds when measured: every source learns its own verdict; the guard counts the
         pass once, with the tokens the best of them committed."""

@@ -17,6 +17,7 @@ from itertools import islice
 
 from .config import SuffixParams
 from .proposers import CHAIN
+from .source import Source
 from .suffix_tree import match_bucket
 
 
@@ -30,7 +31,7 @@ def native_tree(max_depth: int):
 class NativeSuffixProposer:
     """SuffixProposer's interface (observe, add_source, propose, candidates) on C++ trees."""
 
-    source = "suffix"
+    source = Source("suffix")
     implementation = "arctic-inference"
     shape = CHAIN
 
@@ -58,7 +59,7 @@ class NativeSuffixProposer:
         span, probs, _ = self._best(max_tokens)
         return span, probs
 
-    def candidates(self, max_tokens: int) -> list[tuple[str, list[int]]]:
+    def candidates(self, max_tokens: int) -> list[tuple[Source, list[int]]]:
         """The best span, its source named by its match length's bucket; with `alternatives`, then
         the other branches of the tree's continuations after the same match (source "…~"),
         best first: where several candidates are verified in one pass, one of them may hold the
@@ -67,10 +68,10 @@ class NativeSuffixProposer:
         if not span:
             return []
         bucket = match_bucket(match_len)
-        out = [(f"{self.source}/{bucket}", span)]
+        out = [(Source.suffix(bucket), span)]
         for other in islice(self._branches(max_tokens), self.alternatives):
             if other[: len(span)] != span[: len(other)]:  # not a prefix of the best, nor extended by it
-                out.append((f"{self.source}/{bucket}~", other))
+                out.append((Source.suffix(bucket, alternative=True), other))
         return out
 
     def _branches(self, max_tokens: int) -> Iterator[list[int]]:

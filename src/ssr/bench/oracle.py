@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ..proposers import CHAIN
+from ..source import Source
 
 
 class CopyIndex:
@@ -85,7 +86,7 @@ class OracleProposer:
     answer); each proposal is the longest prefix of what comes next that the context holds, up
     to max_span tokens."""
 
-    source = "oracle"
+    source = Source("oracle")
     shape = CHAIN
 
     def __init__(self, prompt: Sequence[int], future: Sequence[int], earlier: Sequence[Sequence[int]] = (),
@@ -110,6 +111,6 @@ class OracleProposer:
         span = ahead[: self.index.longest(ahead)]
         return span, [1.0] * len(span) if span else None
 
-    def candidates(self, max_tokens: int) -> list[tuple[str, list[int]]]:
+    def candidates(self, max_tokens: int) -> list[tuple[Source, list[int]]]:
         span, _ = self.propose(max_tokens)
         return [(self.source, span)] if span else []

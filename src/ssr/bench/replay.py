@@ -1,5 +1,5 @@
 """A replay engine: the model of one greedy bench row, behind the engine protocol, so that
-`ssr simulate` runs the real decoding loop (`decode.Generation`) instead of a copy of it.
+`ssr simulate` runs the real decoding loop (`loop.Generation`) instead of a copy of it.
 
 Under greedy decoding the row holds every decision the model made: its CoT, its answer and
 the draft its last child wrote. The engine answers each context with logits whose argmax is

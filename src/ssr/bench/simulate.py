@@ -2,7 +2,7 @@
 
 Under greedy decoding every mode writes the same tokens, so one bench row holds all the
 model ever decided: the CoT, the draft the child wrote, the answer. Replaying a row runs the
-real decoding loop (`decode.Generation`) on a replay engine (bench/replay.py) whose logits
+real decoding loop (`loop.Generation`) on a replay engine (bench/replay.py) whose logits
 put the row's token first at every position and whose clock is the cost model: prefill,
 steps with 1 or 2 sequences, score passes of k tokens, each at its cached length. Nothing is
 mirrored by hand, so the replay cannot drift from the loop.
@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 from ..config import GenerationConfig, SamplingParams, SuffixParams
-from ..decode import Generation
+from ..loop import Generation
 from ..engines.base import shares_passes
 from ..costs import CostModel, Costs
 from ..policy import Plan, PolicyStats, fixed_plan, plan_request

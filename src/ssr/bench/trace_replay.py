@@ -1,7 +1,7 @@
 """Real reasoning traces replayed through the real decoding loop in every mode (`ssr traces`).
 
 A text trace is what a model wrote; the output is the trace whatever the mode (identity is
-the check). Each (trace, mode) runs `decode.Generation` on the replay engine (bench/replay.py):
+the check). Each (trace, mode) runs `loop.Generation` on the replay engine (bench/replay.py):
 its clock is a cost model (the GPU preset, a calibrate JSON), the loop's own host time between
 passes is measured beside it, and the row it leaves has the shape of an `ssr bench` row, so
 the bench's report (ratios with bootstrap intervals, CoT and answer ratios, accepted tokens by
@@ -35,7 +35,7 @@ from dataclasses import dataclass, replace
 
 from ..config import ConfigError, GenerationConfig
 from ..costs import CostModel, Costs
-from ..decode import Generation
+from ..loop import Generation
 from ..policy import Plan, PolicyStats
 from ..history import ResponseHistory
 from .oracle import OracleProposer

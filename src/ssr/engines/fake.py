@@ -123,7 +123,7 @@ class FakeTreeEngine(TokenListTree, FakeEngine):
 
 class FakeRequestsEngine:
     """The fake model behind vLLM's request interface (engines/vllm.py), for unit tests of
-    decode_vllm without vLLM: each request runs to its end when opened (greedy, or seeded
+    loop/vllm_walk.py without vLLM: each request runs to its end when opened (greedy, or seeded
     sampling), its cumulative outputs queued on a vllm.Request handle. The prefix cache is
     simulated in blocks of `block_size` over every sequence computed before; prompt-logprob
     rows under a cache hit hold junk, as vLLM's do."""

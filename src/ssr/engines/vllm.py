@@ -3,7 +3,7 @@
 vLLM owns the KV cache, the batch and the scheduler, so this adapter does not offer the
 sequence protocol of base.Engine (fork, step, score, truncate). It offers requests:
 `open(request_id, prompt_ids, params)` submits one to `AsyncLLM.generate` and returns a
-`Request` handle whose outputs arrive on a queue; `abort` ends it. decode_vllm.py
+`Request` handle whose outputs arrive on a queue; `abort` ends it. loop/vllm_walk.py
 builds SSR from those: a streaming parent, draft children whose prompts extend the
 parent's (prefix-cache hits), a verify request with `prompt_logprobs`, a continuation.
 
@@ -98,7 +98,7 @@ SPECULATIVE_METHODS = (None, "ssr", "suffix", "ngram")  # vLLM's speculation ins
 
 
 class VllmEngine:
-    kind = "requests"  # driven by decode_vllm (requests), not decode (sequence steps)
+    kind = "requests"  # driven by loop/vllm_walk.py (requests), not loop/generation.py (sequence steps)
 
     def __init__(self, model: str, context_size: int = 4096, threads: int | None = None,
                  tensor_parallel_size: int = 1, pipeline_parallel_size: int = 1,

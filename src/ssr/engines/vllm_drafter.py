@@ -35,6 +35,7 @@ from ..costs import CostModel, Costs, gpu_preset, load_costs
 from ..history import ResponseHistory
 from ..policy import PolicyStats
 from ..proposers import request_proposer
+from ..source import NO_SOURCE, Source
 from ..spans import SpanPolicy, span_extension
 
 log = logging.getLogger("ssr.drafter")
@@ -50,7 +51,7 @@ class Step:
     """One drafting decision of one request, for parity checks (`SsrDrafter.log`)."""
 
     at: int  # the request's tokens (prompt + output) when the chain was proposed
-    source: str  # the chain's source ("" for none)
+    source: Source  # the chain's source (NO_SOURCE for none)
     proposed: list[int]  # the chain (empty: no draft this step)
     accepted: int | None = None  # of it, what vLLM accepted (known at the next step)
 
@@ -68,7 +69,7 @@ class ChainDrafter:
     max_span: int = DEFAULT_TOKENS
     stats: PolicyStats | None = None  # what earlier requests learnt (cold: None)
     steps: list[Step] | None = None  # its decisions, kept when a log is wanted
-    _last: tuple[str, list[int]] | None = field(default=None, repr=False)  # the chain vLLM is verifying
+    _last: tuple[Source, list[int]] | None = field(default=None, repr=False)  # the chain vLLM is verifying
     _output: list[int] = field(default_factory=list, repr=False)
 
     def __post_init__(self) -> None:
@@ -99,7 +100,7 @@ class ChainDrafter:
         if costs is not None:
             policy.costs = costs  # 2. price at the step's batch
         chosen = policy.choose_many(found, 1) if found else []
-        source, span = chosen[0] if chosen else ("", [])
+        source, span = chosen[0] if chosen else (NO_SOURCE, [])
         if self.steps is not None:
             self.steps.append(Step(self.length, source, list(span)))
         if span:

@@ -21,7 +21,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from ..config import ConfigError
+from ..config import MODE_TABLE, ConfigError
 from ..engines.base import EngineError
 from .protocol import ApiError, ParsedRequest, field_message
 
@@ -56,7 +56,7 @@ class Stats:
         with self.lock:
             c = self.counters
             c["drafts"] += metrics["draft_tokens"] > 0
-            if metrics["mode"] in ("ssr", "ssr-prefix"):  # the draft is verified as a prefix
+            if MODE_TABLE[metrics["mode"]].verifies_draft:  # the draft is verified as a prefix
                 c["verified_draft_tokens"] += metrics["draft_tokens"]
             c["draft_tokens"] += metrics["draft_tokens"]
             c["accepted_prefix_tokens"] += metrics["accepted_prefix_tokens"]

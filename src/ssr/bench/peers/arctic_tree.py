@@ -19,6 +19,7 @@ from collections.abc import Sequence
 
 from ...history import ResponseHistory
 from ...proposers import Shape
+from ...source import Source
 from . import TreeSource
 
 MAX_DEPTH = 64  # simulator.py --max-depth
@@ -46,7 +47,7 @@ def leaf_paths(token_ids: Sequence[int], parents: Sequence[int]) -> list[list[in
 class ArcticTreeProposer(TreeSource):
     """The tree above, verified as one token tree a step (priced by its nodes)."""
 
-    source = "arctic-tree"
+    source = Source("arctic-tree")
     shape = Shape(tree=True)
     implementation = "arctic-inference"
 
@@ -64,7 +65,7 @@ class ArcticTreeProposer(TreeSource):
             self.cache.add_active_response(self.request_id, list(token_ids))
             self.context = (self.context + list(token_ids))[-MAX_DEPTH:]
 
-    def candidates(self, max_tokens: int) -> list[tuple[str, list[int]]]:
+    def candidates(self, max_tokens: int) -> list[tuple[Source, list[int]]]:
         limit = min(max_tokens, MAX_DEPTH)
         if limit < 1:
             return []

@@ -29,6 +29,7 @@ from collections.abc import Sequence
 
 from ...history import ResponseHistory
 from ...proposers import OneSource
+from ...source import Source
 
 SIMPLE_N, SIMPLE_M = 12, 48  # common.h: speculative ngram_simple size_n, size_m
 MOD_N, MOD_MIN, MOD_MAX = 24, 48, 64  # common.h: ngram_mod n_match, n_min, n_max
@@ -39,7 +40,7 @@ _MULTIPLIER, _MASK = 6364136223846793005, (1 << 64) - 1  # ngram-mod.cpp: the ha
 class NgramSimpleProposer(OneSource):
     """ngram-simple: stateless; every start of each 12-gram kept to find its latest occurrence."""
 
-    source = "llamacpp-ngram-simple"  # one chain, as proposed (OneSource.shape)
+    source = Source("llamacpp-ngram-simple")  # one chain, as proposed (OneSource.shape)
 
     def __init__(self, prompt: Sequence[int]) -> None:
         self.tokens: list[int] = []  # prompt + output (the last is id_last)
@@ -97,7 +98,7 @@ class NgramPool:
 class NgramModProposer(OneSource):
     """ngram-mod over the shared pool."""
 
-    source = "llamacpp-ngram-mod"  # one chain, as proposed (OneSource.shape)
+    source = Source("llamacpp-ngram-mod")  # one chain, as proposed (OneSource.shape)
 
     def __init__(self, prompt: Sequence[int], history: ResponseHistory | None = None) -> None:
         self.pool = history.kept("llamacpp-ngram-mod", NgramPool) if history is not None else NgramPool()

@@ -30,6 +30,7 @@ from collections.abc import Sequence
 
 from ...history import ResponseHistory
 from ...proposers import Shape
+from ...source import Source
 from . import TreeSource
 
 DRAFT_TOKENS = 12  # --speculative-num-draft-tokens unset: D, the root included
@@ -80,7 +81,7 @@ class SglangNgramProposer(TreeSource):
     shape = Shape(tree=True, width=DRAFT_TOKENS, pad=PAD)
 
     def __init__(self, prompt: Sequence[int], history: ResponseHistory | None = None, prob: bool = False) -> None:
-        self.source = "sglang-ngram-prob" if prob else "sglang-ngram"
+        self.source = Source("sglang-ngram-prob" if prob else "sglang-ngram")
         self.prob = prob  # PROB match type: frequency expansion instead of recency BFS
         self.trie = history.kept("sglang-ngram", Trie) if history is not None else Trie()  # both types share it
         self.tokens = list(prompt)  # prompt + output; the last is the token the step verifies after
@@ -97,7 +98,7 @@ class SglangNgramProposer(TreeSource):
         self.tokens += [int(t) for t in token_ids]
         self.output += len(token_ids)
 
-    def candidates(self, max_tokens: int) -> list[tuple[str, list[int]]]:
+    def candidates(self, max_tokens: int) -> list[tuple[Source, list[int]]]:
         """The draft tree's root-to-leaf paths (a pad path [0] where the tree has room for pads
         and no real token 0 under the root: SGLang verifies pads like any node)."""
         if not self.output or max_tokens < 1:

@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ...proposers import OneSource
+from ...source import Source
 
 
 class VllmNgramProposer(OneSource):
@@ -27,7 +28,7 @@ class VllmNgramProposer(OneSource):
     (the latest is the context's own suffix once the n-gram ends it; the one before it is the
     rightmost occurrence vLLM's scan finds)."""
 
-    source = "vllm-ngram"  # one chain of exactly K tokens a step (OneSource.shape)
+    source = Source("vllm-ngram")  # one chain of exactly K tokens a step (OneSource.shape)
 
     def __init__(self, prompt: Sequence[int], n_min: int = 4, n_max: int = 4, k: int = 5) -> None:
         self.n_min, self.n_max, self.k = n_min, n_max, k  # prompt_lookup_min / _max, num_speculative_tokens

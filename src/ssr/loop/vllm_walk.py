@@ -1,4 +1,5 @@
-"""One request on vLLM: SSR made of ordinary vLLM requests (engines/vllm.py).
+"""One request on vLLM: SSR made of ordinary vLLM requests (engines/vllm.py); it shares the
+sequence walk's transcript, result and iteration (loop/walk.py).
 
   1. think    - the parent streams its CoT (stops at the end marker or b_v; code fences
                 masked out with allowed_token_ids: vLLM's speculative methods refuse
@@ -32,18 +33,18 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .config import ConfigError, GenerationConfig
-from .draft import Draft
-from .engines.base import EngineError
-from .engines.vllm import Request, VllmEngine
-from .metrics import Metrics, StageClock
-from .costs import CostModel
-from .policy import PolicyStats, fixed_plan, plan_request
-from .text import TextStream
-from .thinking import ThinkingFormat
-from .verify import verify_sampled_rows
-from .vllm_speculation import record_speculation
-from .walk import Chunk, Walk
+from ..config import ConfigError, GenerationConfig
+from ..costs import CostModel
+from ..engines.base import EngineError
+from ..engines.vllm import Request, VllmEngine
+from ..metrics import StageClock
+from ..policy import PolicyStats, fixed_plan, plan_request
+from ..thinking import ThinkingFormat
+from ..verify import verify_sampled_rows
+from ..vllm_speculation import record_speculation
+from .children import Draft
+from .transcript import Chunk
+from .walk import Walk
 
 VLLM_MODES = ("ar", "ssr", "ssr-prefix")  # continuation proposers live inside vLLM (--speculative-method)
 
@@ -81,20 +82,16 @@ class VllmGeneration(Walk):
                 f"sampling on vLLM decodes plainly here: exact verification needs top_k between 1 and the "
                 f"engine's max_logprobs ({max_logprobs}), or full rows (--max-logprobs -1)")
         self.rng = np.random.default_rng(config.sampling.seed)  # rejection sampling's coins
-        self.metrics = Metrics(mode=config.mode, prompt_tokens=len(prompt_ids), policy=self.plan.as_dict())
-        self._check_context()  # each child's request is shorter than the parent's answer request
+        self.metrics.policy = self.plan.as_dict()
+        self.check_context()  # each child's request is shorter than the parent's answer request
 
     # -- stages -------------------------------------------------------------------------
 
     def _run(self) -> Iterator[Chunk]:
         clock = StageClock(self.metrics)
         self._open: list[Request] = []  # every request this generation submitted
-        self._trace: list[dict] = []  # the verify event, as decode.py records it
-        self.answer_ids: list[int] = []
-        self._forced_ids: list[int] = []
-        self._answer_text = TextStream(shown=self.fmt.answer_prefix.lstrip())
         drafts: list[Child] = []
-        cot_ids: list[int] = []
+        cot_ids = self.text.cot_ids  # the transcript's: it grows as the CoT is read
         try:
             # 1. think (children fork at the plan's budgets)
             cot_end = yield from self._think(cot_ids, drafts, clock)
@@ -108,19 +105,19 @@ class VllmGeneration(Walk):
         finally:
             for request in self._open:  # 4. nothing of this request stays in vLLM
                 request.abort()
-        tail = self._answer_text.flush()
+        tail = self.text.close_answer()
         if tail:
-            yield Chunk("answer", tail, ())
+            yield tail
         self.metrics.total_s = clock.now()
         used = _latest_usable(drafts)
         self._close_metrics(drafts, used)
-        self._finish(cot_ids, used.token_ids if used else [])
+        self.finish(used.token_ids if used else [])
 
     def _think(self, cot_ids: list[int], drafts: list[Child], clock: StageClock):
         """Stage 1: fills cot_ids and drafts; returns how the CoT ended."""
-        stream = self._reasoning_text = TextStream(self.fmt.end, shown=self.fmt.steer)
-        if self.fmt.steer:
-            yield Chunk("reasoning", self.fmt.steer, ())
+        opening = self.text.opening()
+        if opening:
+            yield opening
         stages = list(self.plan.stages) if self.plan.draft else []
         banned = set(self.banned_ids)
         allowed = [token for token in range(self.engine.vocab_size) if token not in banned] if banned else None
@@ -136,7 +133,7 @@ class VllmGeneration(Walk):
             new = output.outputs[0].token_ids[seen:]
             seen += len(new)
             for token in new:
-                chunk, cot_end = self._cot_token(token, cot_ids, stream)
+                chunk, cot_end = self.text.cot_token(token)
                 if chunk:
                     yield chunk
                 if cot_end:
@@ -149,9 +146,9 @@ class VllmGeneration(Walk):
         if not cot_end:  # the stream ended without an end marker or EOS seen here
             reason = parent.latest.outputs[0].finish_reason if parent.latest is not None else "length"
             cot_end = "budget" if reason == "length" else "natural"
-        tail = stream.flush()
+        tail = self.text.close_reasoning()
         if tail:
-            yield Chunk("reasoning", tail, ())
+            yield tail
         for draft in drafts:  # outstanding children end with the parent's CoT
             self._finish_draft(draft, clock)
         self.metrics.cot_tokens, self.metrics.cot_end = len(cot_ids), cot_end
@@ -159,12 +156,11 @@ class VllmGeneration(Walk):
 
     def _close(self, cot_ids: list[int], cot_end: str, draft: Draft | None) -> Iterator[Chunk]:
         """Stage 2: force end marker + answer prefix; verify the draft in one request."""
-        forced = ([] if cot_end == "natural" else self.forced_end_ids) + self.answer_prefix_ids
-        self._forced_ids = forced
+        shown = self.text.force([] if cot_end == "natural" else self.forced_end_ids, self.answer_prefix_ids)
+        forced = self.text.forced_ids
         self.metrics.forced_tokens = len(forced)
-        prefix = self.fmt.answer_prefix.lstrip()
-        if prefix:
-            yield Chunk("answer", prefix, tuple(self.answer_prefix_ids))
+        if shown:
+            yield shown
         if draft is None or not self.config.verifies_draft_prefix:
             return
         draft_ids = draft.token_ids[: self.config.max_tokens]
@@ -173,9 +169,9 @@ class VllmGeneration(Walk):
         self.metrics.accepted_prefix_tokens = accepted
         self.metrics.engine["verify_cached_tokens"] = cached
         self.metrics.engine["verify_prompt_tokens"] = len(self.prompt_ids) + len(cot_ids) + len(forced) + len(draft_ids)
-        self._trace.append({"kind": "draft", "forked_at": draft.forked_at, "proposed": len(draft_ids),
+        self.trace.append({"kind": "draft", "forked_at": draft.forked_at, "proposed": len(draft_ids),
                             "accepted": accepted})
-        yield from self._commit(draft_ids[:accepted] + [bonus])
+        yield from self.commit(draft_ids[:accepted] + [bonus])
 
     def _verify(self, context_ids: list[int], draft_ids: list[int],
                 draft_rows: list[dict[int, float]]) -> tuple[int, int, int]:
@@ -212,19 +208,19 @@ class VllmGeneration(Walk):
         """Stage 3: one request from the accepted prefix to EOS or max_tokens."""
         if self.metrics.stop:
             return
-        context = self.prompt_ids + cot_ids + self._forced_ids + self.answer_ids
-        request = self._submit("answer", context, self._params(self.config.max_tokens - len(self.answer_ids)))
-        seen, start = 0, len(self.answer_ids)
+        context = self.prompt_ids + cot_ids + self.text.forced_ids + self.text.answer_ids
+        request = self._submit("answer", context, self._params(self.config.max_tokens - len(self.text.answer_ids)))
+        seen, start = 0, len(self.text.answer_ids)
         for output in request.stream():
             new = list(output.outputs[0].token_ids[seen:])
             seen += len(new)
-            yield from self._commit(new)
+            yield from self.commit(new)
             if self.metrics.stop:
                 break
         request.abort()
-        self._speculation("answer", request, start, len(self.answer_ids) - start)
+        self._speculation("answer", request, start, len(self.text.answer_ids) - start)
         if not self.metrics.stop:
-            self.metrics.stop = "max_tokens" if len(self.answer_ids) >= self.config.max_tokens else "eos"
+            self.metrics.stop = "max_tokens" if len(self.text.answer_ids) >= self.config.max_tokens else "eos"
         self.metrics.decode_steps = len(cot_ids) + seen  # tokens vLLM decoded for the parent
 
     # -- children -------------------------------------------------------------------------
@@ -321,7 +317,7 @@ class VllmGeneration(Walk):
         """What vLLM's own speculative method accepted in the CoT or answer request."""
         method = getattr(self.engine, "speculative_method", None)
         if method:
-            record_speculation(self.metrics, self._trace, phase, request, f"vllm-{method}", start, used)
+            record_speculation(self.metrics, self.trace, phase, request, f"vllm-{method}", start, used)
 
     def _submit(self, role: str, prompt_ids: list[int], params) -> Request:
         request = self.engine.open(self.engine.new_id(role), prompt_ids, params)

@@ -1,9 +1,9 @@
-"""decode_vllm on the fake model behind vLLM's request interface (no vLLM needed): identity
+"""loop/vllm_walk.py on the fake model behind vLLM's request interface (no vLLM needed): identity
 with `ar`, which draft is verified, the prefix-cache rule for prompt logprobs, requests."""
 import pytest
 
 from ssr.config import ConfigError, GenerationConfig, SamplingParams
-from ssr.decode_vllm import VllmGeneration
+from ssr.loop.vllm_walk import VllmGeneration
 from ssr.engines.fake import FakeRequestsEngine
 
 from test_decode_fake import FMT, PROMPT
@@ -136,7 +136,7 @@ def test_sampled_ssr_on_requests_keeps_ar_distribution():
 
 def test_sampled_distribution_test_catches_a_biased_verifier(monkeypatch):
     """The test above can fail: a verifier that accepts every draft token is caught."""
-    import ssr.decode_vllm as decode_vllm
+    import ssr.loop.vllm_walk as decode_vllm
     from ssr.verify import Verdict
 
     from test_decode_fake import contingency_p
