@@ -19,7 +19,10 @@ avoided here:
 - attention kernels that tile queries and keys by the pass's shape -> attention
   is our own function (registered with transformers' AttentionInterface): two
   matmuls and a softmax over a key length rounded up to a multiple of 64; masked
-  keys add exact zeros;
+  keys add exact zeros, and the sum over keys runs in blocks of 64 added one after
+  another (one matmul over all keys reduces a longer key length in another order on
+  AVX-512 CPUs: a prefill after a kept prefix differed from a cold one by 3e-5);
+- a pass's queries per row are a multiple of `min_rows`, the row counts checked below;
 - matmuls with many rows take other kernels again (torch's CPU sgemm on this machine:
   112 rows and fewer agree with 16, 113 and more do not, for Qwen2.5-0.5B's 896-wide
   layers, 64 and more for SmolLM2's 1536-wide down projection) -> a pass feeds at most
@@ -35,7 +38,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .base import EngineError, SequenceSlots, split_rows
+from .base import Capabilities, EngineError, SequenceSlots, split_rows
 from .tokenizer import TokenizerText
 
 ATTENTION_NAME = "ssr_invariant"
@@ -64,7 +67,16 @@ def invariant_attention(module, query, key, value, attention_mask, scaling=None,
     mask = attention_mask[:, :, None].expand(rows, 1, group, queries, keys).reshape(rows, 1, group * queries, keys)
     scores = scores.masked_fill(~mask, float("-inf"))
     probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(value.dtype)
-    out = torch.matmul(probs, value)  # [rows, kv_heads, group*q, dim]
+    # the sum over keys in blocks of KEY_BLOCK, the blocks added one after another: masked blocks
+    # past a query's keys add exact zeros, so its result does not depend on how far the pass's key
+    # length reaches (one matmul over all keys reduces a longer K in another order on AVX-512)
+    if keys % KEY_BLOCK:
+        pad = KEY_BLOCK - keys % KEY_BLOCK
+        probs, value = torch.nn.functional.pad(probs, (0, pad)), torch.nn.functional.pad(value, (0, 0, 0, pad))
+    blocks = probs.shape[-1] // KEY_BLOCK
+    parts = torch.matmul(probs.reshape(rows, kv_heads, group * queries, blocks, KEY_BLOCK).transpose(2, 3),
+                         value.reshape(rows, kv_heads, blocks, KEY_BLOCK, dim))  # [rows, kv_heads, blocks, g*q, dim]
+    out = parts.sum(dim=2)  # [rows, kv_heads, group*q, dim]
     return out.reshape(rows, heads, queries, dim).transpose(1, 2).contiguous(), None
 
 
@@ -260,7 +272,8 @@ class TransformersEngine(SequenceSlots):
 
     # -- sequences ------------------------------------------------------------------------
 
-    returns_ids = True  # greedy: the argmax is taken on the device, token ids come back
+    # greedy: the argmax is taken on the device, token ids come back (returns_ids)
+    capabilities = Capabilities(returns_ids=True, shares_passes=True, keeps_prefix=True)
 
     def step(self, batch: Sequence[tuple[int, int]], ids: bool = False, banned=None) -> np.ndarray:
         return self._forward([(seq, [token]) for seq, token in batch], ids=ids, banned=banned)
@@ -300,7 +313,7 @@ class TransformersEngine(SequenceSlots):
         """Feeding each (seq, tokens) row -> logits [total tokens, vocab], or with ids the argmax of
         each [total tokens]: one forward pass, or several where it would feed more than max_rows
         queries (rows apart, a long row's tokens in order; the results as one pass's)."""
-        queries = max(self.min_rows, max(len(tokens) for _, tokens in rows))
+        queries = self._queries(rows)
         if len(rows) * queries <= self.max_rows:
             return self._pass(rows, want_logits, ids, banned)
         if len(rows) > 1:
@@ -311,6 +324,12 @@ class TransformersEngine(SequenceSlots):
                      for start in range(0, len(tokens), size)]
         return np.concatenate(parts) if want_logits else parts[-1]
 
+    def _queries(self, rows: Sequence[tuple[int, list[int]]]) -> int:
+        """Queries a pass feeds per row: its longest feed rounded up to a multiple of min_rows, the
+        counts invariant_rows checked (a matmul of 35 rows takes another kernel tail than one of
+        48 on AVX-512 CPUs: a prefill after a kept prefix differed from a cold one by 3e-5)."""
+        return -(-max(len(tokens) for _, tokens in rows) // self.min_rows) * self.min_rows
+
     def _pass(self, rows: Sequence[tuple[int, list[int]]], want_logits: bool, ids: bool,
               banned) -> np.ndarray:
         """One forward pass feeding each (seq, tokens) row -> logits [total tokens, vocab], or with
@@ -320,7 +339,7 @@ class TransformersEngine(SequenceSlots):
         for (seq, tokens), start in zip(rows, starts):
             if start + len(tokens) > self.context_size:
                 raise EngineError(f"the KV cache is full ({self.context_size} tokens); raise --context-size")
-        queries = max(self.min_rows, max(len(tokens) for _, tokens in rows))  # padded with throw-away tokens
+        queries = self._queries(rows)  # padded with throw-away tokens
         key_length = -(-(max(starts) + queries) // KEY_BLOCK) * KEY_BLOCK
         if key_length > self._cache.capacity:  # doubling: copies stay linear in the length reached
             self._cache.grow(max(2 * self._cache.capacity, -(-key_length // CAPACITY_BLOCK) * CAPACITY_BLOCK))
