@@ -36,9 +36,9 @@ def measure(path: str, modes: list[str]) -> None:
     import ssr
     from ssr.bench.replay import REPLAY_FORMAT, ReplayEngine, RowModel
     from ssr.config import GenerationConfig
-    from ssr.costs import CostModel, gpu_preset
+    from ssr.pricing.costs import CostModel, gpu_preset
     from ssr.loop import Generation
-    from ssr.policy import Plan
+    from ssr.pricing.drafting import Plan
 
     traces = json.loads(Path(path).read_text())
     prefix = 1 << 21  # a token no trace holds: the forced answer prefix

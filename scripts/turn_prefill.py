@@ -10,14 +10,14 @@ from pathlib import Path
 
 from ssr.api import SSR
 from ssr.config import GenerationConfig
-from ssr.tools import ToolUse
+from ssr.formats.tools import ToolUse
 
 TOOLS = ToolUse(({"type": "function", "function": {"name": "read_file", "description": "Read a file",
                   "parameters": {"type": "object", "properties": {"path": {"type": "string"}}}}},))
 
 
 def conversation(chars: int) -> list[dict]:
-    source = (Path(__file__).resolve().parents[1] / "src" / "ssr" / "tools.py").read_text()[:chars]
+    source = (Path(__file__).resolve().parents[1] / "src" / "ssr" / "formats" / "tools.py").read_text()[:chars]
     return [{"role": "user", "content": "Read tools.py and tell me what CallStream does."},
             {"role": "assistant", "content": "", "tool_calls": [{"id": "c1", "type": "function", "function": {
                 "name": "read_file", "arguments": '{"path": "tools.py"}'}}]},

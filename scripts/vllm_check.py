@@ -162,7 +162,7 @@ def sampled_cost(model: SSR, prompt: str, base: dict, repeats: int = 3, top_k: i
     from vllm import SamplingParams
 
     from ssr.config import SamplingParams as Sampling
-    from ssr.verify import verify_sampled_rows
+    from ssr.verifying.verify import verify_sampled_rows
 
     engine = model.engine
     result = model.generate(prompt, GenerationConfig(mode="ar", **base))

@@ -9,9 +9,9 @@ pytest.importorskip("arctic_inference.suffix_decoding")
 from ssr.config import GenerationConfig  # noqa: E402
 from ssr.loop import Generation  # noqa: E402
 from ssr.engines.fake import FakeEngine  # noqa: E402
-from ssr.history import ResponseHistory  # noqa: E402
-from ssr.proposers import PEER_SUFFIX, ArcticSuffixProposer, SuffixProposer, suffix_peer  # noqa: E402
-from ssr.thinking import FORMATS  # noqa: E402
+from ssr.proposing.history import ResponseHistory  # noqa: E402
+from ssr.proposing.proposers import PEER_SUFFIX, ArcticSuffixProposer, SuffixProposer, suffix_peer  # noqa: E402
+from ssr.formats.thinking import FORMATS  # noqa: E402
 
 
 def test_it_copies_from_the_prompt_and_from_earlier_responses():

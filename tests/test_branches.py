@@ -8,19 +8,20 @@ import pytest
 
 from ssr.bench.simulate import config_from_dict, replay
 from ssr.config import GenerationConfig, SamplingParams
-from ssr.costs import CostModel, Costs, gpu_preset
+from ssr.pricing.costs import CostModel, CostTable, gpu_preset
 from ssr.loop import Generation
+from ssr.engines.base import Capabilities
 from ssr.engines.fake import FakeEngine
-from ssr.source import Source
-from ssr.spans import MAX_BRANCHES, AcceptanceStats, SpanPolicy
-from ssr.thinking import FORMATS
+from ssr.proposing.source import Source
+from ssr.pricing.span_policy import MAX_BRANCHES, AcceptanceStats, SpanPolicy
+from ssr.formats.thinking import FORMATS
 
 FMT = FORMATS["code"]
 PROMPTS = [[ord(c) for c in text] for text in ("Please complete the class Stack.", "abcabcabcabc abc",
                                                "Write a queue in Python.")]
-CPU = Costs(step_s={1: 0.04, 2: 0.07}, score_s={8: 0.16, 32: 0.6, 128: 2.3}, prefill_token_s=0.015)
+CPU = CostTable(step_s={1: 0.04, 2: 0.07}, score_s={8: 0.16, 32: 0.6, 128: 2.3}, prefill_token_s=0.015)
 # transformers fp32 on this CPU: a scored token ~2% of a step
-TORCH_CPU = Costs(step_s={1: 0.082, 2: 0.106}, score_s={8: 0.088, 32: 0.13, 128: 0.356}, prefill_token_s=0.0019)
+TORCH_CPU = CostTable(step_s={1: 0.082, 2: 0.106}, score_s={8: 0.088, 32: 0.13, 128: 0.356}, prefill_token_s=0.0019)
 
 
 def learnt(first_token_rate: float, spans: int = 20) -> AcceptanceStats:
@@ -73,9 +74,11 @@ class ClockedEngine(FakeEngine):
     """The fake model with a modelled clock (as the replay engine keeps one): the run and its
     replay then price every span alike and decide alike."""
 
-    def __init__(self, costs: Costs, **options) -> None:
+    def __init__(self, costs: CostTable, **options) -> None:
         super().__init__(**options)
         self.costs, self.seconds = costs, 0.0
+
+    capabilities = Capabilities(shares_passes=True, modelled_clock=True)
 
     def clock(self) -> float:
         return self.seconds
@@ -137,7 +140,7 @@ def test_one_candidate_where_branches_cannot_pay_or_cannot_run(case):
         generation, got = run("ssr", PROMPTS[1], 1, costs=CPU)
     elif case == "one pass per sequence":
         engine = ClockedEngine(gpu_preset(), order=1)
-        engine.score_batch = None
+        engine.capabilities, engine.score_batch = Capabilities(modelled_clock=True), None
         generation, got = run("ssr", PROMPTS[1], engine=engine)
     else:  # a parent and one more sequence: a branch, or the child beside the parent
         _, expected = run("ar", PROMPTS[1], 1, engine=ClockedEngine(gpu_preset(), order=1, max_sequences=2))

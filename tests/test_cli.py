@@ -57,7 +57,9 @@ BAD_INPUT = [
     (["simulate", "--traces", "/etc", "--cost-model", "/no/costs.json"], "cannot read cost model"),
     (["simulate"], "the following arguments are required: --traces"),
     (["simulate", "--traces", "/etc", "--project-modes", "ssr,fast"], "--project-modes: unknown fast"),
-    (["calibrate", "--repeats", "0"], "--repeats must be >= 1"),
+    (["calibrate", "--timings", "0"], "--timings must be >= 1"),
+    (["calibrate", "--repeats", "3"], "--repeats is not an option here: timings per probe are --timings"),
+    (["traces", "x.jsonl", "--host", "measured"], "--host is not an option here"),
     (["calibrate", "--context-tokens", "4"], "--context-tokens must be in 8.."),
     (["serve", "--port", "0"], "--port must be in 1..65535"),
     (["serve", "--max-queue", "-1"], "--max-queue must be >= 0"),
@@ -88,11 +90,13 @@ def test_vllm_not_installed_is_one_line(capsys):
     assert err.count("\n") == 1
 
 
+@pytest.mark.model
 def test_prompt_too_long_for_context(capsys):
     assert main(["generate", "word " * 3000, "--context-size", "1024", *FAST]) == 2
     assert "more than the context holds" in capsys.readouterr().err
 
 
+@pytest.mark.model
 @pytest.mark.parametrize("policy", ["fixed", "auto"])
 def test_generate_json_end_to_end(policy):
     code, out, err = run_cli("generate", "Write a function is_even(n).", "--json", "--thinking-budget", "48",
@@ -116,6 +120,7 @@ def test_generate_json_end_to_end(policy):
     assert set(metrics["seconds"]) == {"prefill", "cot", "draft", "verify", "continuation"}
 
 
+@pytest.mark.model
 def test_generate_stream_and_stdin():
     code, out, err = run_cli("generate", "-", "--stream", "--mode", "ar", "--thinking-budget", "24",
                              "--max-tokens", "24", "--draft-at", "8", *FAST, stdin="Add two numbers in Python.")
@@ -126,6 +131,7 @@ def test_generate_stream_and_stdin():
     assert err.count("\n") == 1
 
 
+@pytest.mark.model
 def test_bench_smoke_report_simulate_calibrate(tmp_path):
     """One HumanEval item, two modes, end to end: rows, quality, report, replay, costs."""
     out = tmp_path / "bench"
@@ -163,3 +169,28 @@ def test_bench_smoke_report_simulate_calibrate(tmp_path):
     assert [json.loads(line)["mode"] for line in saved.read_text().splitlines()] == ["ar", "ssr"]
     code, stdout, err = run_cli("simulate", "--traces", str(saved), "--drafts", "planned")
     assert code == 0 and "0 written by the model" in err, err
+
+
+IGNORED = [  # (flags, what stderr must say; "" for nothing): a drafting flag the mode or the policy does not use is named
+    (["--mode", "ar", "--draft-at", "8"], "--draft-at: mode ar forks no draft child; ignored"),
+    (["--mode", "suffix", "--verify-chunk", "4", "--draft-tokens", "9"],
+     "--draft-tokens, --verify-chunk: mode suffix forks no draft child"),
+    (["--verify-chunk", "4"], "--verify-chunk: chosen by --policy auto"),
+    (["--draft-at", "8"], "--draft-at: used by --policy auto only until"),
+    (["--policy", "fixed", "--draft-at", "8", "--verify-chunk", "4"], ""),
+    (["--thinking-budget", "64"], ""),
+]
+
+
+@pytest.mark.parametrize("flags,said", IGNORED)
+def test_a_drafting_flag_the_mode_or_policy_ignores_is_named(flags, said, capsys):
+    from ssr.cli import build_parser
+    from ssr.flags import generation_config
+
+    config = generation_config(build_parser().parse_args(["generate", "hi", *flags]))
+    err = capsys.readouterr().err
+    assert (said in err) if said else err == ""
+    if "--draft-at" in flags:
+        assert config.draft_at == 8  # used as given where the plan reads it
+    if flags == ["--thinking-budget", "64"]:  # b_d not given, the budget no longer than its default: half of it
+        assert config.draft_at == 32

@@ -7,8 +7,9 @@ import pytest
 
 from ssr.config import GenerationConfig, SamplingParams
 from ssr.loop import Generation
+from ssr.engines.base import Capabilities
 from ssr.engines.fake import FakeEngine
-from ssr.thinking import FORMATS
+from ssr.formats.thinking import FORMATS
 from test_decode_fake import contingency_p
 
 FMT = FORMATS["code"]
@@ -19,6 +20,7 @@ BANNED = [ord(c) for c in "`e"]
 class OnePerPassEngine(FakeEngine):
     """The fake engine without score_batch: a child's step and a CoT span cannot share a pass."""
 
+    capabilities = Capabilities()
     score_batch = None
 
 
@@ -111,7 +113,7 @@ def test_cot_spans_keep_the_sampling_distribution(mode):
 def test_distribution_test_catches_a_biased_cot(monkeypatch):
     """The test above can fail: accepting every CoT span token changes the law."""
     from ssr.loop import verifier
-    from ssr.verify import Verdict
+    from ssr.verifying.verify import Verdict
 
     def accept_all(draft_ids, draft_probs, target, rng, approx=False):
         return Verdict(len(draft_ids), int(target[-1].argmax()), False)

@@ -7,10 +7,10 @@ import pytest
 from scipy.stats import chi2_contingency
 
 from ssr.config import GenerationConfig, SamplingParams, SuffixParams
-from ssr.costs import CostModel, gpu_preset
+from ssr.pricing.costs import CostModel, gpu_preset
 from ssr.loop import Generation
 from ssr.engines.fake import FakeEngine, FakeTreeEngine
-from ssr.thinking import FORMATS
+from ssr.formats.thinking import FORMATS
 
 FMT = FORMATS["code"]
 PROMPT = [ord(c) for c in "Please complete the class Stack."]

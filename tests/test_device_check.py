@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from ssr.costs import load_costs
+from ssr.pricing.costs import load_costs
 from ssr.device_check import ARCHITECTURES, SPECIAL_TOKENS, synthetic_tokenizer
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -26,6 +26,7 @@ def test_synthetic_tokenizer_round_trips_text_and_keeps_markers_whole():
     assert "<think>" in tokenizer.chat_template  # the `think` format is detected
 
 
+@pytest.mark.model
 def test_benchmark_architecture_is_the_gguf_model():
     """The random model the GPU check times has the benchmark model's shape."""
     from transformers import AutoConfig
@@ -40,6 +41,7 @@ def test_benchmark_architecture_is_the_gguf_model():
         assert getattr(config, key) == value, key
 
 
+@pytest.mark.model
 def test_what_travels_fits_and_the_check_runs_with_only_torch_transformers_numpy(tmp_path):
     files = device_bundle.travelling_files()
     assert sum(size for _, size in files) < 64 * 2**20
@@ -56,6 +58,7 @@ def test_what_travels_fits_and_the_check_runs_with_only_torch_transformers_numpy
     assert "| step, sequences 1 |" in (tmp_path / "check" / "summary.md").read_text()
 
 
+@pytest.mark.model
 def test_a_module_outside_the_image_fails_the_isolated_run(tmp_path, monkeypatch):
     """The isolation is real: a package the GPU machine lacks cannot be imported there."""
     monkeypatch.setattr(device_bundle, "IMAGE_PACKAGES", ("numpy",))  # no torch: the check must fail

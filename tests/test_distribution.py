@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 from scipy.stats import chisquare
 
-from ssr.verify import Verdict, verify_sampled, verify_tree_sampled
+from ssr.verifying.verify import Verdict, verify_sampled, verify_tree_sampled
 
 TARGET = np.array([0.05, 0.40, 0.25, 0.20, 0.10])
 DRAFT = np.array([0.30, 0.10, 0.40, 0.05, 0.15])
@@ -76,7 +76,7 @@ def _row(probs: np.ndarray, k: int, offset: int = 100) -> dict[int, float]:
 
 def test_row_probs_applies_temperature_and_top_p_to_the_top_k():
     from ssr.config import SamplingParams
-    from ssr.verify import row_probs
+    from ssr.verifying.verify import row_probs
 
     row = _row(TARGET, 3)  # tokens 101 (.40), 102 (.25), 103 (.20)
     plain = row_probs(row, SamplingParams(temperature=1.0, top_k=3))
@@ -93,7 +93,7 @@ def test_rows_verification_follows_the_target_exactly(temperature, top_p):
     """Drafts sampled from the draft's processed top-3, verified on rows: output ~ the target's
     processed top-3 (the distribution vLLM samples from with these parameters)."""
     from ssr.config import SamplingParams
-    from ssr.verify import row_probs, verify_sampled_rows
+    from ssr.verifying.verify import row_probs, verify_sampled_rows
 
     params = SamplingParams(temperature=temperature, top_p=top_p, top_k=3)
     draft_row, target_row = _row(DRAFT, 3), _row(TARGET, 3)
@@ -116,7 +116,7 @@ def test_rows_verification_follows_the_target_exactly(temperature, top_p):
 def test_rows_verification_with_the_draft_probabilities_swapped_is_caught():
     """A verifier fed the wrong draft distribution (the target's own) is biased: the test can fail."""
     from ssr.config import SamplingParams
-    from ssr.verify import row_probs, verify_sampled_rows
+    from ssr.verifying.verify import row_probs, verify_sampled_rows
 
     params = SamplingParams(temperature=1.0, top_k=3)
     draft_row, target_row = _row(DRAFT, 3), _row(TARGET, 3)
@@ -136,7 +136,7 @@ def test_rows_verification_with_the_draft_probabilities_swapped_is_caught():
 def test_rows_verdict_equals_the_dense_verdict():
     """On the same draws, rows on a local vocabulary give verify_sampled's verdict."""
     from ssr.config import SamplingParams
-    from ssr.verify import row_probs, verify_sampled_rows
+    from ssr.verifying.verify import row_probs, verify_sampled_rows
 
     params = SamplingParams(temperature=1.0, top_k=5)
     draft_rows = [_row(DRAFT, 5, offset=0), _row(np.roll(DRAFT, 1), 5, offset=0)]

@@ -12,17 +12,19 @@ import pytest
 from ssr.engines import EngineError, load_engine
 from ssr.engines.base import shares_passes, tree_passes
 from ssr.engines.fake import FakeTreeEngine
-from ssr.tree import build_tree
+from ssr.verifying.tree import build_tree
 
 TEXT = "def area(radius):\n    return 3.14159 * radius ** 2\n# compute the area of circles, then print\n" * 60
 
 ENGINES = [
     pytest.param(("fake", {}), id="fake"),
     pytest.param(("fake-tree", {}), id="fake-tree"),
-    pytest.param(("llama.cpp", {"model": "smollm2-135m"}), id="llama.cpp-smollm2"),
-    pytest.param(("llama.cpp", {"model": "qwen2.5-coder-0.5b"}), id="llama.cpp-qwen", marks=pytest.mark.slow),
-    pytest.param(("transformers", {"model": "smollm2-135m"}), id="transformers-smollm2"),
-    pytest.param(("transformers", {"model": "qwen2.5-coder-0.5b"}), id="transformers-qwen", marks=pytest.mark.slow),
+    pytest.param(("llama.cpp", {"model": "smollm2-135m"}), id="llama.cpp-smollm2", marks=pytest.mark.model),
+    pytest.param(("llama.cpp", {"model": "qwen2.5-coder-0.5b"}), id="llama.cpp-qwen",
+                 marks=[pytest.mark.slow, pytest.mark.model]),
+    pytest.param(("transformers", {"model": "smollm2-135m"}), id="transformers-smollm2", marks=pytest.mark.model),
+    pytest.param(("transformers", {"model": "qwen2.5-coder-0.5b"}), id="transformers-qwen",
+                 marks=[pytest.mark.slow, pytest.mark.model]),
 ]
 
 
@@ -194,7 +196,7 @@ def test_token_bytes_round_trip(engine):
 def test_greedy_ids_are_the_argmax_of_the_rows(engine):
     """Engines that pick the argmax where the logits live return ids [k] equal to the rows' argmax
     (lowest id on ties), banned ids never chosen; the same for steps, scores and shared passes."""
-    if not getattr(engine, "returns_ids", False):
+    if not engine.capabilities.returns_ids:
         pytest.skip("this engine returns rows only")
     prompt, fed = tokens(engine, 0, 12), tokens(engine, 12, 256)
     seq = engine.prefill(prompt)
@@ -219,3 +221,32 @@ def test_greedy_ids_are_the_argmax_of_the_rows(engine):
         assert np.array_equal(both[0], ids[:4]) and np.array_equal(both[1], ids[:2])
     engine.release(child)
     engine.release(seq)
+
+
+def _engine_classes():
+    from ssr.bench.replay import ReplayEngine, TreeReplayEngine
+    from ssr.engines.fake import FakeEngine, FakeRequestsEngine
+    from ssr.engines.hf import TransformersEngine
+    from ssr.engines.llamacpp import LlamaCppEngine
+    from ssr.engines.vllm import VllmEngine
+
+    return [FakeEngine, FakeTreeEngine, FakeRequestsEngine, ReplayEngine, TreeReplayEngine, LlamaCppEngine,
+            TransformersEngine, VllmEngine]
+
+
+@pytest.mark.parametrize("cls", _engine_classes(), ids=lambda cls: cls.__name__)
+def test_declared_capabilities_match_the_methods(cls):
+    """An engine declares what it can do (engines.base.Capabilities) and the loop reads only the
+    declaration: each flag must agree with the optional protocol the class implements."""
+    import inspect
+
+    from ssr.engines.base import SequenceSlots
+
+    caps, has = cls.capabilities, lambda name: callable(getattr(cls, name, None))
+    assert caps.shares_passes == has("score_batch")
+    assert caps.tree_attention == (has("score_tree") and has("keep_path"))
+    assert caps.modelled_clock == has("clock")
+    assert caps.keeps_prefix == issubclass(cls, SequenceSlots)
+    assert caps.requests == has("open")
+    assert caps.returns_ids == (has("step") and "ids" in inspect.signature(cls.step).parameters)
+    assert has("live_sequences")

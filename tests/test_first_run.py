@@ -29,6 +29,7 @@ def test_readme_first_command_is_the_prime_example():
 
 
 @pytest.mark.slow
+@pytest.mark.model
 def test_readme_first_example_answers_correctly():
     argv = readme_first_command()
     done = subprocess.run([sys.executable, "-m", "ssr.cli", *argv], capture_output=True, text=True, timeout=600)

@@ -6,9 +6,9 @@ from ssr.bench.suites import Item
 from ssr.config import GenerationConfig, SuffixParams
 from ssr.loop import Generation
 from ssr.engines.fake import FakeEngine
-from ssr.history import ResponseHistory
-from ssr.proposers import SuffixProposer
-from ssr.thinking import FORMATS
+from ssr.proposing.history import ResponseHistory
+from ssr.proposing.proposers import SuffixProposer
+from ssr.formats.thinking import FORMATS
 
 PROMPT = [ord(c) for c in "Please complete the class Stack."]
 

@@ -7,9 +7,11 @@ single-token passes round differently, so exact ties can flip.
 import pytest
 
 from ssr import SSR, GenerationConfig
-from ssr.lossless import first_divergence
+from ssr.verifying.lossless import first_divergence
 
 from prompts import classeval_prompts, humaneval_prompts
+
+pytestmark = pytest.mark.model  # loads real model weights or starts ssr processes (deselect: -m 'not model')
 
 NEAR_TIE = 0.1  # logits; llama.cpp's batched vs single-token rounding differences are far smaller
 
@@ -100,7 +102,7 @@ def gpu_priced(model, prompt, mode, **budgets):
     """A request on `model`'s engine priced with the GPU preset: verifying ~free, so CoT spans go
     on beside the draft child in shared passes and several candidate spans are verified per pass,
     each on its own fork of the parent (real forks and one-pass batches on the real engine)."""
-    from ssr.costs import CostModel, gpu_preset
+    from ssr.pricing.costs import CostModel, gpu_preset
     from ssr.loop import Generation
 
     fmt = model.format()

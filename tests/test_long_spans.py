@@ -3,18 +3,18 @@ step (GPUs): decided from the engine's cost curve, never on a CPU-like one, and 
 import pytest
 
 from ssr.config import GenerationConfig
-from ssr.costs import Costs, gpu_preset
+from ssr.pricing.costs import CostTable, gpu_preset
 from ssr.loop import Generation
 from ssr.engines.fake import FakeEngine
-from ssr.costs import CostModel
-from ssr.spans import span_extension
-from ssr.proposers import request_proposer
-from ssr.thinking import FORMATS
+from ssr.pricing.costs import CostModel
+from ssr.pricing.span_policy import span_extension
+from ssr.proposing.proposers import request_proposer
+from ssr.formats.thinking import FORMATS
 
 FMT = FORMATS["code"]
 PROMPTS = [[ord(c) for c in text] for text in ("Please complete the class Stack.", "abcabcabcabc abc")]
 # llama.cpp on 2 cores: a scored token costs about half a step
-CPU = Costs(step_s={1: 0.04, 2: 0.07}, score_s={8: 0.16, 32: 0.6, 128: 2.3}, prefill_token_s=0.015)
+CPU = CostTable(step_s={1: 0.04, 2: 0.07}, score_s={8: 0.16, 32: 0.6, 128: 2.3}, prefill_token_s=0.015)
 
 
 def generation(mode, prompt, order, costs, **overrides):

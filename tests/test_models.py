@@ -42,11 +42,13 @@ def test_unknown_model_and_bad_files(tmp_path):
         resolve_model(str(not_gguf))
 
 
+@pytest.mark.model
 def test_default_model_resolves_offline():
     path = resolve_model("smollm2-135m")
     assert path.name == "SmolLM2-135M-Instruct.Q4_1.gguf" and path.stat().st_size == 98362432
 
 
+@pytest.mark.model
 def test_transformers_sources(tmp_path):
     assert resolve_source("smollm2-135m") == str(resolve_model("smollm2-135m"))
     assert resolve_source("HuggingFaceTB/SmolLM2-135M-Instruct") == "HuggingFaceTB/SmolLM2-135M-Instruct"

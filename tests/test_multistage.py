@@ -5,7 +5,7 @@ import pytest
 from ssr.config import GenerationConfig, SamplingParams, SuffixParams
 from ssr.loop import Generation
 from ssr.engines.fake import FakeEngine
-from ssr.thinking import FORMATS
+from ssr.formats.thinking import FORMATS
 
 from test_decode_fake import FMT, PROMPT, answer_prefix_counts, contingency_p, run
 

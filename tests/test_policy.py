@@ -1,9 +1,9 @@
 """Span length from engine costs: tables with hand-set costs."""
 import pytest
 
-from ssr.costs import CostModel
-from ssr.spans import AcceptanceStats, best_span_length
-from ssr.source import NO_SOURCE, Source
+from ssr.pricing.costs import CostModel
+from ssr.pricing.span_policy import AcceptanceStats, best_span_length
+from ssr.proposing.source import NO_SOURCE, Source
 
 BAD, GOOD = Source("bad"), Source("good")  # sources of spans always rejected, always accepted
 SUFFIX, LOOKUP = Source("suffix"), Source("lookup")
@@ -104,16 +104,16 @@ def test_acceptance_counts_decay_lazily_as_if_every_count_decayed_each_time(seed
 # -- the drafting plan (--policy auto) ----------------------------------------------------
 
 from ssr.config import GenerationConfig  # noqa: E402
-from ssr.costs import Costs, gpu_preset  # noqa: E402
-from ssr.policy import (PolicyStats, best_verify_chunk, expected_verify_s, found_in_draft,  # noqa: E402
+from ssr.pricing.costs import CostTable, gpu_preset  # noqa: E402
+from ssr.pricing.drafting import (PolicyStats, best_verify_chunk, expected_verify_s, found_in_draft,  # noqa: E402
                         plan_request, stage_budgets)
 
 # engine cost tables measured here (ssr calibrate), and the GPU preset
-QWEN_LLAMA_CPU = Costs(step_s={1: 0.044, 2: 0.063, 4: 0.098}, score_s={8: 0.17, 32: 0.74, 128: 2.66, 512: 11.45},
+QWEN_LLAMA_CPU = CostTable(step_s={1: 0.044, 2: 0.063, 4: 0.098}, score_s={8: 0.17, 32: 0.74, 128: 2.66, 512: 11.45},
                        prefill_token_s=0.0144)
-SMOL_LLAMA_CPU = Costs(step_s={1: 0.0147, 2: 0.0333}, score_s={8: 0.04, 32: 0.16, 128: 0.62, 512: 2.4},
+SMOL_LLAMA_CPU = CostTable(step_s={1: 0.0147, 2: 0.0333}, score_s={8: 0.04, 32: 0.16, 128: 0.62, 512: 2.4},
                        prefill_token_s=0.002)
-SMOL_TORCH_CPU = Costs(step_s={1: 0.082, 2: 0.106, 4: 0.181}, score_s={8: 0.088, 32: 0.13, 128: 0.356, 512: 1.848},
+SMOL_TORCH_CPU = CostTable(step_s={1: 0.082, 2: 0.106, 4: 0.181}, score_s={8: 0.088, 32: 0.13, 128: 0.356, 512: 1.848},
                        prefill_token_s=0.0019)
 CONFIG = GenerationConfig(mode="ssr", thinking_budget=1024, draft_at=64, draft_tokens=256, max_tokens=1536)
 
@@ -260,7 +260,7 @@ def test_policy_stats_learn_usage():
 
 def test_engine_costs_are_measured_once_then_rescaled(tmp_path, monkeypatch):
     """The start-up probe is cached per engine setup; later starts only time a few steps."""
-    from ssr.costs import engine_costs
+    from ssr.pricing.costs import engine_costs
     from ssr.engines.fake import FakeEngine
 
     monkeypatch.setenv("SSR_CACHE", str(tmp_path))
@@ -279,7 +279,7 @@ def test_engine_costs_are_measured_once_then_rescaled(tmp_path, monkeypatch):
 
 
 def test_span_cut_follows_each_sources_measured_acceptance():
-    from ssr.spans import SpanPolicy
+    from ssr.pricing.span_policy import SpanPolicy
 
     policy = SpanPolicy(CPU_LIKE)
     assert len(policy.cut([1] * 20, Source("new"))) > 0  # a source naming no match: the optimistic prior, tried
@@ -293,7 +293,7 @@ def test_span_cut_follows_each_sources_measured_acceptance():
 def test_span_guard_stops_spans_that_lose_time_and_keeps_exploring():
     """Passes that cost more than the plain steps they replace turn spans off (one proposal
     in explore_every still verified); passes that gain keep them on."""
-    from ssr.spans import SpanPolicy
+    from ssr.pricing.span_policy import SpanPolicy
 
     costs = CostModel(step_s=0.010, token_s=0.001)  # spans look cheap to the model ...
     losing = SpanPolicy(costs)
@@ -323,7 +323,7 @@ CHOICES = [  # (candidates, observations per source (proposed, accepted) x 8, ex
 
 @pytest.mark.parametrize("candidates,observed,source,length", CHOICES)
 def test_span_policy_chooses_the_source_worth_most(candidates, observed, source, length):
-    from ssr.spans import SpanPolicy
+    from ssr.pricing.span_policy import SpanPolicy
 
     policy = SpanPolicy(CostModel(step_s=0.010, token_s=0.001))  # GPU-like: long spans are cheap
     for name, (proposed, accepted) in observed.items():
@@ -336,7 +336,7 @@ def test_span_policy_chooses_the_source_worth_most(candidates, observed, source,
 def test_span_acceptance_carries_to_the_next_request_and_fades():
     """A source that failed in earlier requests is skipped from a new request's first proposal
     (no pass paid to learn it again), and tried again once its record has faded."""
-    from ssr.spans import SpanPolicy
+    from ssr.pricing.span_policy import SpanPolicy
 
     first = SpanPolicy(CPU_LIKE)
     for _ in range(6):
@@ -358,7 +358,7 @@ def test_span_acceptance_carries_to_the_next_request_and_fades():
 def test_requests_hand_their_span_acceptance_to_the_next():
     from ssr.loop import Generation
     from ssr.engines.fake import FakeEngine
-    from ssr.thinking import FORMATS
+    from ssr.formats.thinking import FORMATS
 
     stats = PolicyStats()
     config = GenerationConfig(mode="ssr", thinking_budget=40, max_tokens=60, policy="fixed", draft_at=0)
@@ -384,7 +384,7 @@ PRIORS = [  # (source, its name in traces, its first-token prior): m / (m + 2) f
 
 @pytest.mark.parametrize("source,name,prior", PRIORS, ids=[p[1] or "unnamed" for p in PRIORS])
 def test_first_token_prior_follows_the_match_length(source, name, prior):
-    from ssr.spans import SpanPolicy
+    from ssr.pricing.span_policy import SpanPolicy
 
     assert source.prior == pytest.approx(prior) and str(source) == name
     stats = SpanPolicy(CPU_LIKE).stats[source]  # a new source starts from its own prior
@@ -395,7 +395,7 @@ def test_short_matches_are_not_tried_on_the_prior_where_a_failed_token_costs_hal
     """On CPU-like costs a 1-token lookup (prior 1/3) is not verified until a source shows it
     pays, a 16+ token suffix match (prior 8/9) is; where a pass of k tokens costs a step
     (GPUs) both are tried."""
-    from ssr.spans import SpanPolicy
+    from ssr.pricing.span_policy import SpanPolicy
 
     half_step = CostModel(step_s=0.040, token_s=0.020)
     assert SpanPolicy(half_step).cut([1] * 8, Source("lookup", 1)) == []

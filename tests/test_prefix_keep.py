@@ -28,6 +28,7 @@ def test_keeper_keeps_the_longest_and_takes_a_shared_prefix():
 
 
 @pytest.mark.slow
+@pytest.mark.model
 @pytest.mark.parametrize("engine", ["llama.cpp", "transformers"])
 def test_turn_two_reuses_turn_one_and_decodes_what_a_cold_prefill_does(engine):
     from ssr.api import SSR

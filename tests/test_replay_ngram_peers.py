@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from ssr.source import Source
+from ssr.proposing.source import Source
 
 pytestmark = pytest.mark.shared_data  # needs nothing from ../shared: runs from a clone too
 
@@ -132,7 +132,7 @@ def test_sglang_ngram_pads_its_tree_and_a_pad_can_be_accepted():
 
 def test_sglang_ngram_keeps_its_trie_across_requests():
     from ssr.bench.peers.sglang_ngram import SglangNgramProposer
-    from ssr.history import ResponseHistory
+    from ssr.proposing.history import ResponseHistory
 
     history = ResponseHistory()
     first = SglangNgramProposer([1, 2], history)
@@ -193,7 +193,7 @@ def test_llamacpp_ngram_mod_rules(monkeypatch):
     history joins in batches, five poor drafts in a row empty the pool, and the pool is kept
     across requests."""
     from ssr.bench.peers import llamacpp_ngram as mod
-    from ssr.history import ResponseHistory
+    from ssr.proposing.history import ResponseHistory
 
     monkeypatch.setattr(mod, "MOD_N", 2)
     monkeypatch.setattr(mod, "MOD_MIN", 3)

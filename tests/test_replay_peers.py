@@ -13,10 +13,10 @@ from ssr.bench.replay import REPLAY_FORMAT, ReplayEngine, RowModel, TreeReplayEn
 from ssr.bench.trace_replay import mode_config, replay_trace
 from ssr.bench.traces import load_traces, tokenize_trace
 from ssr.config import ConfigError
-from ssr.costs import CostModel
+from ssr.pricing.costs import CostModel
 from ssr.loop import Generation
-from ssr.source import Source
-from ssr.proposers import Shape
+from ssr.proposing.source import Source
+from ssr.proposing.proposers import Shape
 from test_traces import GPU, WordVocab, write_traces
 
 pytestmark = pytest.mark.shared_data  # needs nothing from ../shared: runs from a clone too
@@ -111,6 +111,7 @@ class FixedTree:
 
     source = Source("fixed")
     shape = Shape(tree=True, width=12, pad=0)
+    implementation = None
 
     def __init__(self):
         self.calls = 0

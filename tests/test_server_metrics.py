@@ -22,7 +22,7 @@ from ssr.api import SSR  # noqa: E402
 from ssr.bench.trace_replay import TRACE_MODES, CostSetting, replay_all  # noqa: E402
 from ssr.bench.traces import load_traces, tokenize_trace  # noqa: E402
 from ssr.config import GenerationConfig  # noqa: E402
-from ssr.costs import gpu_preset  # noqa: E402
+from ssr.pricing.costs import gpu_preset  # noqa: E402
 from ssr.engines.fake import FakeEngine  # noqa: E402
 from ssr.server.app import create_app  # noqa: E402
 

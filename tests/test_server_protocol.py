@@ -15,6 +15,7 @@ from ssr.api import SSR  # noqa: E402
 from ssr.config import GenerationConfig  # noqa: E402
 from ssr.engines.fake import FakeEngine  # noqa: E402
 from ssr.server.app import create_app  # noqa: E402
+from test_server_hardening import wait_until  # noqa: E402
 from ssr.server.scheduler import _StopFilter  # noqa: E402
 
 DEFAULTS = GenerationConfig(thinking_budget=24, draft_at=8, draft_tokens=16, max_tokens=32)
@@ -102,9 +103,12 @@ def test_queue_full_gives_429_and_timeout_gives_504():
             statuses.append(http.post("/v1/chat/completions", json=CHAT).status_code)
 
         threads = [threading.Thread(target=call) for _ in range(4)]
-        for thread in threads:
+        threads[0].start()
+        wait_until(lambda: http.get("/health").json()["running"] == 1)  # it runs (and will run out of time) ...
+        threads[1].start()
+        wait_until(lambda: http.get("/health").json()["waiting"] == 1)  # ... this one waits: the queue is full
+        for thread in threads[2:]:
             thread.start()
-            time.sleep(0.05)
         for thread in threads:
             thread.join()
         assert 429 in statuses and 504 in statuses, statuses  # one runs out of time, one waits, rest refused

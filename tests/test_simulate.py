@@ -8,15 +8,15 @@ from dataclasses import asdict
 
 import pytest
 
-from ssr.costs import Costs, gpu_preset, load_costs
+from ssr.pricing.costs import CostTable, gpu_preset, load_costs
 from ssr.bench.drafts import DraftBook
 from ssr.bench.simulate import (anchor_to_ar, config_from_dict, format_projection, project_modes, replay, simulate,
                                 summarise_projection)
 from ssr.config import ConfigError, GenerationConfig
 from ssr.loop import Generation
-from ssr.costs import CostModel
+from ssr.pricing.costs import CostModel
 from ssr.engines.fake import FakeEngine
-from ssr.thinking import FORMATS
+from ssr.formats.thinking import FORMATS
 
 FMT = FORMATS["code"]
 PROMPTS = [[ord(c) for c in text] for text in ("Please complete the class Stack.", "Write a queue in Python.")]
@@ -28,7 +28,7 @@ class SleepyEngine(FakeEngine):
     machine oversleeps: what a call overslept the next calls sleep less, so the seconds
     spent in calls add up to the table's."""
 
-    def __init__(self, costs: Costs, **options) -> None:
+    def __init__(self, costs: CostTable, **options) -> None:
         super().__init__(**options)
         self.costs = costs
         self.due_s = 0.0  # the table's seconds for the calls so far
@@ -58,7 +58,7 @@ class SleepyEngine(FakeEngine):
         return self._padded(seconds, super().score_batch, feeds)
 
 
-def bench_row(engine, prompt, mode, item, costs: Costs | None = None, **overrides) -> dict:
+def bench_row(engine, prompt, mode, item, costs: CostTable | None = None, **overrides) -> dict:
     options = dict(mode=mode, thinking_budget=40, draft_at=12, draft_tokens=30, max_tokens=60, policy="fixed")
     options.update(overrides)
     generation = Generation(engine, FMT, GenerationConfig(**options), prompt,
@@ -98,7 +98,7 @@ def test_replay_seconds_match_an_engine_with_known_costs(spans, adaptive):
     without the learnt span cut); recorded: the run's own spans, whatever decided them
     (here the costs it learnt while running)."""
     # engine calls long next to the loop's own Python time (which is not modelled)
-    costs = Costs(step_s={1: 0.03, 2: 0.05, 4: 0.09}, score_s={8: 0.04, 32: 0.07, 128: 0.2, 512: 0.7},
+    costs = CostTable(step_s={1: 0.03, 2: 0.05, 4: 0.09}, score_s={8: 0.04, 32: 0.07, 128: 0.2, 512: 0.7},
                   prefill_token_s=0.001)
     budgets = dict(thinking_budget=24, draft_at=8, draft_tokens=20, max_tokens=30, adaptive_spans=adaptive, policy="fixed")
     rows, busy = [], []
@@ -145,7 +145,7 @@ def test_modes_projected_from_ar_rows_replay_as_their_own_rows():
 
 
 # llama.cpp on 2 cores: a second sequence costs most of a step, a scored token half a step
-CPU = Costs(step_s={1: 0.04, 2: 0.075}, score_s={8: 0.16, 32: 0.6, 128: 2.3}, prefill_token_s=0.015)
+CPU = CostTable(step_s={1: 0.04, 2: 0.075}, score_s={8: 0.16, 32: 0.6, 128: 2.3}, prefill_token_s=0.015)
 
 
 def test_planned_drafts_are_written_by_the_model_and_replayed():
@@ -186,7 +186,7 @@ def test_gpu_preset_makes_drafting_cheap():
 
 def test_ar_replay_is_prefill_plus_steps():
     row = bench_row(FakeEngine(), PROMPTS[0], "ar", "0")
-    costs = Costs(step_s={1: 1.0, 2: 2.0}, score_s={8: 3.0, 32: 9.0}, prefill_token_s=0.5)
+    costs = CostTable(step_s={1: 1.0, 2: 2.0}, score_s={8: 3.0, 32: 9.0}, prefill_token_s=0.5)
     replayed = replay(row, costs, config_from_dict(row["config"]), row["answer_prefix_ids"])
     metrics = row["metrics"]
     fed = 1 + len(row["forced_ids"])  # pending CoT token + forced tokens, scored at the close
@@ -197,12 +197,12 @@ def test_ar_replay_is_prefill_plus_steps():
 
 @pytest.mark.parametrize("x, expected", [(1, 1.0), (8, 3.0), (20, 6.0), (32, 9.0), (40, 11.0)])
 def test_cost_interpolation(x, expected):
-    costs = Costs(step_s={1: 1.0, 2: 2.0}, score_s={8: 3.0, 32: 9.0}, prefill_token_s=0.5)
+    costs = CostTable(step_s={1: 1.0, 2: 2.0}, score_s={8: 3.0, 32: 9.0}, prefill_token_s=0.5)
     assert costs.score(x) == pytest.approx(expected if x > 1 else 1.0)
 
 
 def test_costs_grow_linearly_with_the_cached_length(tmp_path):
-    costs = Costs(step_s={1: 1.0, 2: 1.5}, score_s={8: 3.0}, prefill_token_s=0.5, context_tokens=100,
+    costs = CostTable(step_s={1: 1.0, 2: 1.5}, score_s={8: 3.0}, prefill_token_s=0.5, context_tokens=100,
                   step_context_s=0.01, score_context_s=0.001, prefill_context_s=0.002)
     assert costs.step(1) == costs.step(1, 100) == 1.0
     assert costs.step(2, 300) == pytest.approx(1.5 + 2 * 0.01 * 200)
@@ -239,7 +239,7 @@ def test_load_costs_errors(tmp_path):
 
 
 def test_host_time_on_the_simulator_clock():
-    """--host: a figure per pass adds exactly passes x figure; measured adds this machine's own."""
+    """--host-time: a figure per pass adds exactly passes x figure; measured adds this machine's own."""
     costs = gpu_preset()
     rows = [bench_row(FakeEngine(order=1), PROMPTS[0], mode, "0") for mode in ("ar", "ssr")]
     off = simulate(rows, costs, GenerationConfig())
@@ -256,9 +256,9 @@ def test_a_steep_context_slope_never_prices_a_short_context_call_at_nothing():
     """A calibration taken on a busy machine can measure a context slope so steep that carried
     below the measured context it would make steps, score passes and prefill free (and the
     replay's ratios divide by zero); costs there keep a share of the measured cost instead."""
-    from ssr.costs import MIN_CONTEXT_SHARE, Costs, load_costs
+    from ssr.pricing.costs import MIN_CONTEXT_SHARE, CostTable, load_costs
 
-    steep = Costs(step_s={1: 0.02, 2: 0.03}, score_s={8: 0.05, 32: 0.1}, prefill_token_s=0.01,
+    steep = CostTable(step_s={1: 0.02, 2: 0.03}, score_s={8: 0.05, 32: 0.1}, prefill_token_s=0.01,
                   context_tokens=1024, step_context_s=1e-4, score_context_s=1e-4, prefill_context_s=1e-4)
     assert steep.step(1, 0) == pytest.approx(MIN_CONTEXT_SHARE * 0.02)
     assert steep.score(8, 0) == pytest.approx(MIN_CONTEXT_SHARE * 0.05)

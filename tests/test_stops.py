@@ -7,8 +7,8 @@ import pytest
 from ssr.config import GenerationConfig
 from ssr.loop import Generation
 from ssr.engines.fake import FakeEngine
-from ssr.text import LoopGuard
-from ssr.thinking import FORMATS
+from ssr.formats.text import LoopGuard
+from ssr.formats.thinking import FORMATS
 
 PROMPT = [ord(c) for c in "Write is_prime(n)."]
 MODES = ["ar", "ssr", "ssr-prefix", "ssr-suffix", "suffix", "pld"]

@@ -8,9 +8,9 @@ import pytest
 pytest.importorskip("arctic_inference.suffix_decoding")
 
 from ssr.config import SuffixParams  # noqa: E402
-from ssr.history import ResponseHistory  # noqa: E402
-from ssr.proposers import SuffixProposer, ssr_suffix  # noqa: E402
-from ssr.suffix_native import NativeSuffixProposer  # noqa: E402
+from ssr.proposing.history import ResponseHistory  # noqa: E402
+from ssr.proposing.proposers import SuffixProposer, ssr_suffix  # noqa: E402
+from ssr.proposing.suffix_native import NativeSuffixProposer  # noqa: E402
 
 
 def occurs(texts, pattern):

@@ -3,10 +3,10 @@ import random
 import numpy as np
 import pytest
 
-from ssr.proposers import FrequentTokens, LookupProposer, PromptLookupProposer, SuffixProposer, vllm_ngram
+from ssr.proposing.proposers import FrequentTokens, LookupProposer, PromptLookupProposer, SuffixProposer, vllm_ngram
 from ssr.config import SuffixParams
-from ssr.suffix_tree import SuffixTree
-from ssr.source import Source
+from ssr.proposing.suffix_tree import SuffixTree
+from ssr.proposing.source import Source
 
 
 def brute_count(sequences, pattern, max_depth):

@@ -9,15 +9,15 @@ import pytest
 from ssr.bench.replay import RowModel, TreeReplayEngine
 from ssr.bench.trace_replay import NO_DRAFT
 from ssr.config import GenerationConfig, SamplingParams
-from ssr.costs import CostModel, gpu_preset
+from ssr.pricing.costs import CostModel, gpu_preset
 from ssr.loop import Generation
 from ssr.loop.speculation import Layout
 from ssr.engines.base import EngineError, tree_passes
 from ssr.engines.fake import FakeEngine, FakeTreeEngine
-from ssr.spans import MAX_TREE_CANDIDATES
-from ssr.thinking import FORMATS
-from ssr.tree import build_tree
-from ssr.verify import verify_greedy, verify_tree_greedy
+from ssr.pricing.span_policy import MAX_TREE_CANDIDATES
+from ssr.formats.thinking import FORMATS
+from ssr.verifying.tree import build_tree
+from ssr.verifying.verify import verify_greedy, verify_tree_greedy
 
 FMT = FORMATS["code"]
 PROMPTS = [[ord(c) for c in text] for text in ("Please complete the class Stack.", "abcabcabcabc abc",
@@ -151,7 +151,7 @@ def test_sampling_on_tree_passes_runs_and_releases_everything(seed):
 
 
 def _whole_or_nothing(rate, spans=20):
-    from ssr.spans import AcceptanceStats
+    from ssr.pricing.span_policy import AcceptanceStats
 
     stats = AcceptanceStats()
     for i in range(spans):
@@ -165,7 +165,7 @@ def test_a_tree_prices_a_span_by_where_it_parts_from_the_chosen_ones(tree, expec
     gains where a fails after four right tokens — seldom, and not worth its four nodes at 5% of
     a step each: a tree leaves it out; c starts another way and is kept either way. (Forks price
     every candidate by the chosen ones' first-token misses, as before trees.)"""
-    from ssr.spans import SpanPolicy
+    from ssr.pricing.span_policy import SpanPolicy
 
     stats = {"a": _whole_or_nothing(0.5), "b": _whole_or_nothing(0.5), "c": _whole_or_nothing(0.5)}
     policy = SpanPolicy(CostModel(step_s=1.0, token_s=0.05), stats)

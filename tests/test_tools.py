@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from ssr.engines.fake import FakeEngine
-from ssr.thinking import render_chat
-from ssr.tools import FORMATS, CallStream, ToolUse, forced_call_prefix, hermes_messages, read_calls, \
+from ssr.formats.thinking import render_chat
+from ssr.formats.tools import FORMATS, CallStream, ToolUse, forced_call_prefix, hermes_messages, read_calls, \
     template_messages
 
 HERMES = FORMATS["hermes"]

@@ -11,7 +11,7 @@ openai = pytest.importorskip("openai")
 pytest.importorskip("fastapi")
 from test_server import serve  # noqa: E402
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.model]
 MODEL = "qwen2.5-coder-0.5b"
 TOOLS = [{"type": "function", "function": {
     "name": "get_weather", "description": "The current weather in a city",

@@ -16,7 +16,7 @@ from ssr.bench.trace_replay import TRACE_MODES, CostSetting, pass_table, replay_
 from ssr.bench.traces import load_traces, parse_trace, read_traces, tokenize_trace
 from ssr.cli import main
 from ssr.config import ConfigError
-from ssr.costs import gpu_preset
+from ssr.pricing.costs import gpu_preset
 
 pytestmark = pytest.mark.shared_data  # runs from a clone too, with no ../shared beside it
 
@@ -179,7 +179,7 @@ def test_cli_replays_a_log_and_refuses_bad_flags_before_reading(tmp_path, capsys
     assert main(["traces", str(tmp_path / "missing.jsonl"), "--modes", "ar,bogus"]) == 2
     assert "--modes: unknown 'bogus'" in capsys.readouterr().err
     assert main(["traces", str(path), "--orders", "sideways"]) == 2
-    assert main(["traces", str(path), "--host", "-3"]) == 2
+    assert main(["traces", str(path), "--host-time", "-3"]) == 2
     assert main(["traces", str(tmp_path / "missing.jsonl")]) == 2
     assert "no such traces file" in capsys.readouterr().err
 
@@ -215,7 +215,7 @@ def test_real_traces_replay_token_for_token_in_every_mode():
 
 
 def test_gpu_preset_with_a_step():
-    from ssr.costs import load_costs
+    from ssr.pricing.costs import load_costs
 
     six = load_costs("gpu:6")
     assert six.step_s[1] == pytest.approx(0.006) and six.score_s[128] / six.step_s[1] == pytest.approx(1.1)

@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from ssr.verify import verify_greedy, verify_sampled
+from ssr.verifying.verify import verify_greedy, verify_sampled
 
 VOCAB = 6
 EOS = 0

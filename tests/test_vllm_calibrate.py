@@ -12,7 +12,7 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from ssr.costs import read_table  # noqa: E402
+from ssr.pricing.costs import read_table  # noqa: E402
 from ssr.models import cache_dir  # noqa: E402
 
 pytestmark = pytest.mark.vllm
@@ -22,7 +22,7 @@ def test_calibrate_on_vllm_keeps_the_table_for_the_model_and_exits_cleanly(tmp_p
     (cache_dir() / "hf").mkdir(parents=True, exist_ok=True)
     (tmp_path / "hf").symlink_to(cache_dir() / "hf")  # the converted model, not converted again
     out = subprocess.run([sys.executable, "-m", "ssr.cli", "calibrate", "--engine", "vllm", "--model", "smollm2-135m",
-                          "--repeats", "1", "--out", str(tmp_path / "out.json")],
+                          "--timings", "1", "--out", str(tmp_path / "out.json")],
                          env={**os.environ, "SSR_CACHE": str(tmp_path)}, capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "Traceback" not in out.stderr, out.stderr[-2000:]

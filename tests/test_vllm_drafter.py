@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from ssr.costs import CostModel, gpu_preset
+from ssr.pricing.costs import CostModel, gpu_preset
 from ssr.engines.vllm_drafter import ChainDrafter, SsrDrafter, replay_chains, thinking_at_start
 from ssr.engines.vllm_plugin import DRAFTER, SsrConfigError, speculative_config
 
@@ -118,7 +118,7 @@ def test_spans_back_off_as_the_batch_grows():
     assert accepted[64] >= 0.8 * accepted[1]
 
 
-@pytest.mark.parametrize("batch, tokens, steps", [  # Costs.at_batch, GPU preset in steps
+@pytest.mark.parametrize("batch, tokens, steps", [  # CostTable.at_batch, GPU preset in steps
     (1, 1, 1.0), (1, 16, 1.007), (8, 1, 1.0), (8, 4, 1.02), (32, 1, 1.02), (32, 8, 1.25), (64, 8, 2.0),
     (64, 1, 1.047)])
 def test_costs_at_a_batch(batch, tokens, steps):
@@ -170,14 +170,14 @@ def test_replayed_chains_are_what_greedy_verification_accepts():
 ])
 def test_the_drafters_cost_table_is_the_environments_else_the_one_kept_for_the_model_on_a_cpu(
         tmp_path, monkeypatch, on_cpu, kept, env, expected):
-    from ssr.costs import Costs, load_costs, write_table
+    from ssr.pricing.costs import CostTable, load_costs, write_table
     from ssr.engines import vllm_drafter
     from ssr.engines.vllm_costs import table_path
 
     monkeypatch.setenv("SSR_CACHE", str(tmp_path))
     monkeypatch.setattr(vllm_drafter, "_on_cpu", lambda: on_cpu)
     monkeypatch.setenv("SSR_DRAFTER_COSTS", env) if env else monkeypatch.delenv("SSR_DRAFTER_COSTS", raising=False)
-    measured = Costs(step_s={1: 0.08, 4: 0.09}, score_s={8: 0.08, 128: 0.21}, prefill_token_s=0.0017,
+    measured = CostTable(step_s={1: 0.08, 4: 0.09}, score_s={8: 0.08, 128: 0.21}, prefill_token_s=0.0017,
                      source="measured on vLLM")
     if kept:
         write_table(table_path("/models/SmolLM2-test"), measured)

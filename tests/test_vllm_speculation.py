@@ -2,7 +2,7 @@
 steps, merged outputs, cuts at max_tokens and at the walk's stop."""
 import pytest
 
-from ssr.vllm_speculation import speculation_events
+from ssr.engines.vllm_speculation import speculation_events
 
 CASES = [  # (outputs' token counts, accepted per verify step, drafted per step, used,
     #          expected [(at, accepted, proposed)], aligned)

@@ -137,7 +137,7 @@ def test_sampled_ssr_on_requests_keeps_ar_distribution():
 def test_sampled_distribution_test_catches_a_biased_verifier(monkeypatch):
     """The test above can fail: a verifier that accepts every draft token is caught."""
     import ssr.loop.vllm_walk as decode_vllm
-    from ssr.verify import Verdict
+    from ssr.verifying.verify import Verdict
 
     from test_decode_fake import contingency_p
 

@@ -7,11 +7,11 @@ from .config import GenerationConfig
 from .loop import Generation, Result
 from .engines import Engine, load_engine
 from .models import DEFAULT_MODEL
-from .costs import CostModel
-from .policy import PolicyStats
-from .history import ResponseHistory
-from .thinking import ThinkingFormat, build_messages, detect_format, render_chat, with_system
-from .tools import (ToolUse, detect_tool_format, forced_call_prefix, hermes_messages, template_messages,
+from .pricing.costs import CostModel
+from .pricing.drafting import PolicyStats
+from .proposing.history import ResponseHistory
+from .formats.thinking import ThinkingFormat, build_messages, detect_format, render_chat, with_system
+from .formats.tools import (ToolUse, detect_tool_format, forced_call_prefix, hermes_messages, template_messages,
                     template_renders_tools)
 
 
@@ -42,7 +42,7 @@ class SSR:
         if self._costs is None:
             import sys
 
-            from .costs import engine_costs, gpu_preset
+            from .pricing.costs import engine_costs, gpu_preset
 
             table = gpu_preset() if self.requests_based else \
                 engine_costs(self.engine, log=lambda line: print(line, file=sys.stderr))  # vLLM: a child rides in its batch
@@ -52,7 +52,7 @@ class SSR:
     @property
     def requests_based(self) -> bool:
         """An engine driven by requests (vLLM), not by sequence steps."""
-        return getattr(self.engine, "kind", "sequences") == "requests"
+        return self.engine.capabilities.requests
 
     def format(self, template: str | None = None, tools: ToolUse | None = None) -> ThinkingFormat:
         """The request's thinking format. With tools, a model without native thinking answers

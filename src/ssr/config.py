@@ -98,7 +98,7 @@ class GenerationConfig:
     draft_at: int = 64  # b_d: CoT tokens before the draft child forks (auto: until CoT lengths are known)
     draft_tokens: int = 256  # m: answer tokens the draft child may write (auto: at most this)
     draft_interval: int = 0  # i: CoT tokens between stages (forks at b_d, b_d + i, ...); 0 = one stage
-    policy: str = "auto"  # "auto": drafting decided from measured costs (policy.py); "fixed": as given
+    policy: str = "auto"  # "auto": drafting decided from measured costs (pricing/drafting.py); "fixed": as given
     verify: str = "exact"  # sampling only: "exact" rejection sampling or "approx" resampling
     suffix: SuffixParams = field(default_factory=SuffixParams)
     adaptive_spans: bool = True  # cut spans to what the measured engine costs make worth it

@@ -111,7 +111,7 @@ def skeleton(arch: str) -> dict:
 def context_curve(engine, contexts: tuple[int, ...], repeats: int) -> dict[int, dict[str, float]]:
     """Median seconds of a one-sequence step and a 128-token score, and prefill per token, at
     each context length (calibrate's own probe)."""
-    from .costs import _probe
+    from .pricing.costs import _probe
 
     curve = {}
     for context in contexts:
@@ -131,7 +131,7 @@ def pass_probe(engine, context: int, repeats: int) -> dict[str, float]:
 
     import torch
 
-    from .costs import filler_ids as _filler
+    from .pricing.costs import filler_ids as _filler
 
     sync = torch.cuda.synchronize if engine.device.startswith("cuda") else (lambda: None)
     filler = _filler(engine, context)
@@ -167,7 +167,7 @@ def pass_probe(engine, context: int, repeats: int) -> dict[str, float]:
 def identity(engine, arch: str, prompts: tuple[str, ...], budget: int) -> list[dict]:
     """ar vs ssr (drafting forced, three stages) and suffix on each prompt, greedy."""
     from . import SSR, GenerationConfig
-    from .lossless import first_divergence
+    from .verifying.lossless import first_divergence
 
     model = SSR(f"random-{arch}", engine=engine)
     base = GenerationConfig(mode="ar", thinking_budget=budget, max_tokens=budget, draft_at=budget // 4,
@@ -193,11 +193,11 @@ def identity(engine, arch: str, prompts: tuple[str, ...], budget: int) -> list[d
 
 
 def check_architecture(arch: str, args, log) -> dict:
-    """Costs, context curve, launch overhead and identity for one architecture."""
+    """Cost table, context curve, launch overhead and identity for one architecture."""
     import torch
 
-    from .costs import _median_step_s, calibrate, gpu_preset
-    from .costs import filler_ids as _filler
+    from .pricing.costs import _median_step_s, calibrate, gpu_preset
+    from .pricing.costs import filler_ids as _filler
 
     started = time.perf_counter()
     engine = random_engine(arch, args.device, args.dtype, context_size=args.context_size)
@@ -227,11 +227,11 @@ def check_architecture(arch: str, args, log) -> dict:
 
 def table(result: dict) -> str:
     """Markdown: each probe in seconds and in decode steps, beside the preset's assumption."""
-    from .costs import Costs
+    from .pricing.costs import CostTable
 
     costs, preset = result["costs"], result["preset"]
     step, preset_step = costs["step_s"]["1"], preset["step_s"]["1"]
-    assumed = Costs.from_dict(preset)
+    assumed = CostTable.from_dict(preset)
 
     def preset_ratio(kind: str, size: str) -> str:
         value = assumed.step(int(size)) if kind == "step_s" else assumed.score(int(size))
@@ -254,7 +254,7 @@ def table(result: dict) -> str:
               f"`ssr simulate` assumes a fork is free and a pass costs a score over all its tokens):",
               "", "| probe | seconds | × step | simulator's × step |", "|---|---|---|---|",
               f"| fork (KV slot copy) | {passes['fork_s']:.5f} | {passes['fork_s'] / step:.2f} | 0.00 |"]
-    measured = Costs.from_dict(costs)
+    measured = CostTable.from_dict(costs)
     for key, label, tokens in (("span_17_with_child_s", "span of 17 + a child's step (2 sequences)", 18),
                                ("three_spans_17_with_child_s", "3 spans of 17 + a child's step (4 sequences)", 52)):
         modelled = measured.score(tokens) / step

@@ -122,10 +122,10 @@ def cmd_report(args: argparse.Namespace) -> int:
 def cmd_calibrate(args: argparse.Namespace, model_loader) -> int:
     from tqdm import tqdm
 
-    from ..costs import SCORE_SIZES, STEP_SIZES, calibrate
+    from ..pricing.costs import SCORE_SIZES, STEP_SIZES, calibrate
 
     if args.repeats < 1:
-        raise ConfigError(f"--repeats must be >= 1, got {args.repeats}")
+        raise ConfigError(f"--timings must be >= 1, got {args.repeats}")
     if not 8 <= args.context_tokens <= (args.context_size - 600) // 2:
         raise ConfigError(f"--context-tokens must be in 8..{(args.context_size - 600) // 2} (half of --context-size "
                           f"less room for the probes: it is probed at twice the length too), got {args.context_tokens}")
@@ -144,7 +144,7 @@ def cmd_calibrate(args: argparse.Namespace, model_loader) -> int:
                               progress=lambda: bar.update(1))
     costs = replace(costs, meta={**costs.meta, "engine": args.engine, "model": args.model, "threads": args.threads})
     if args.engine == "vllm":  # kept for the model on this machine: ssr serve and stock vLLM's ssr drafter read it
-        from ..costs import write_table
+        from ..pricing.costs import write_table
 
         kept = vllm_costs.table_path(model.engine.name)
         write_table(kept, costs)
@@ -159,7 +159,7 @@ def cmd_calibrate(args: argparse.Namespace, model_loader) -> int:
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
-    from ..costs import load_costs
+    from ..pricing.costs import load_costs
     from .drafts import DraftBook
     from .simulate import anchor_to_ar, format_projection, project_modes, simulate, summarise_projection
 
@@ -211,7 +211,7 @@ def cmd_traces(args: argparse.Namespace) -> int:
     """`ssr traces`: text traces replayed in every mode under cost models (bench/trace_replay.py)."""
     from tqdm import tqdm
 
-    from ..costs import load_costs
+    from ..pricing.costs import load_costs
     from ..engines.vocab import load_vocab
     from .report import format_sources, sources_table
     from .trace_replay import (ORDERS, CostSetting, format_headline, format_pass_table, headline_table, mode_config,
@@ -272,7 +272,7 @@ def cmd_traces(args: argparse.Namespace) -> int:
 
 
 def _host_setting(text: str):
-    """--host: None (off), "measured", or seconds per pass from milliseconds."""
+    """--host-time: None (off), "measured", or seconds per pass from milliseconds."""
     if text in ("off", "measured"):
         return None if text == "off" else text
     try:
@@ -280,5 +280,5 @@ def _host_setting(text: str):
     except ValueError:
         value = -1.0
     if not value >= 0:
-        raise ConfigError(f"--host: give off, measured or milliseconds per pass (>= 0), got {text!r}")
+        raise ConfigError(f"--host-time: give off, measured or milliseconds per pass (>= 0), got {text!r}")
     return value / 1e3

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ..proposers import CHAIN
-from ..source import Source
+from ..proposing.proposers import CHAIN
+from ..proposing.source import Source
 
 
 class CopyIndex:
@@ -88,6 +88,7 @@ class OracleProposer:
 
     source = Source("oracle")
     shape = CHAIN
+    implementation = None
 
     def __init__(self, prompt: Sequence[int], future: Sequence[int], earlier: Sequence[Sequence[int]] = (),
                  max_span: int = 64) -> None:

@@ -1,7 +1,24 @@
 """The parsers of `ssr simulate` and `ssr traces` (the replays), kept apart from cli.py."""
 from __future__ import annotations
 
+import argparse
+
 from ..models import DEFAULT_MODEL
+
+
+class Renamed(argparse.Action):
+    """A flag name that means something else in another command: refused here with the name to use
+    (one meaning per flag name across commands). Hidden from help."""
+
+    def __init__(self, option_strings, dest, now: str, **kwargs) -> None:
+        self.now = now  # what to say instead
+        super().__init__(option_strings, dest, nargs="?", help=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        parser.error(f"{option_string} is not an option here: {self.now}")
+
+
+HOST_TIME = "the loop's host time on the modelled clock is --host-time (--host is ssr serve's listen address)"
 
 
 def add_replay_commands(commands) -> None:
@@ -33,9 +50,10 @@ def add_replay_commands(commands) -> None:
                      help="with --record-drafts: KV cache tokens (default 8192)")
     sim.add_argument("--save-traces", default=None, metavar="JSONL",
                      help="write the rows (with the planned drafts) to this file")
-    sim.add_argument("--host", default="off",
+    sim.add_argument("--host-time", dest="host", default="off", metavar="OFF|measured|MS",
                      help="the loop's host time on the modelled clock: off (default), measured (this machine's), "
                           "or milliseconds per pass")
+    sim.add_argument("--host", dest="renamed_host", action=Renamed, now=HOST_TIME)
     sim.add_argument("--json", action="store_true", help="print the table as JSON")
     sim.add_argument("--markdown", action="store_true", help="print the table as markdown")
 
@@ -64,9 +82,10 @@ def add_replay_commands(commands) -> None:
                         help="per group, every trace of the first N tasks (their prompt variants and runs too)")
     traces.add_argument("--group", action="append", dest="groups", default=None,
                         help="only groups ('set / model') holding this text; repeatable")
-    traces.add_argument("--host", default="off",
+    traces.add_argument("--host-time", dest="host", default="off", metavar="OFF|measured|MS",
                         help="the loop's host time on the modelled clock: off (measured beside it, default), "
                              "measured, or milliseconds per pass")
+    traces.add_argument("--host", dest="renamed_host", action=Renamed, now=HOST_TIME)
     traces.add_argument("--candidates", choices=("tree", "forks", "chain"), default="tree",
                         help="how the replayed engine verifies several candidate spans a pass: tree (one token tree, "
                              "tree attention: a pass costs its nodes; default), forks (each on its own fork, a pass "
@@ -74,7 +93,7 @@ def add_replay_commands(commands) -> None:
                              "candidate a pass: vLLM, which verifies one draft chain per request per step)")
     traces.add_argument("--batch", type=int, default=1,
                         help="price every pass among this many requests decoded together (vLLM's running batch; "
-                             "costs.Costs.at_batch: a pass costs the tokens of the whole batch; default 1)")
+                             "costs.CostTable.at_batch: a pass costs the tokens of the whole batch; default 1)")
     traces.add_argument("--step-ms", type=float, default=6.0,
                         help="the step time for the ratio with host time added (default 6: an 8B model on an H200)")
     traces.add_argument("--out", default="results/traces", help="folder for rows.jsonl and report.md")

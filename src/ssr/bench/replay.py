@@ -19,16 +19,17 @@ proposing, pricing, verifying, committing) is measured, and with `host` it goes 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import time
 
 import numpy as np
 
-from ..costs import Costs
-from ..engines.base import TokenListTree
-from ..proposers import CHAIN
-from ..thinking import ThinkingFormat
+from ..pricing.costs import CostTable
+from ..engines.base import Capabilities, TokenListTree
+from ..proposing.proposers import CHAIN
+from ..proposing.source import Source
+from ..formats.thinking import ThinkingFormat
 
 # placeholders the loop tokenizes; the engine maps them to the row's forced token ids
 REPLAY_FORMAT = ThinkingFormat("replay", start="", end="\x00end", forced_end="\x00forced-end",
@@ -56,9 +57,10 @@ class ReplayEngine:
     slots = 1
     chat_template = None
     bos_text, eos_text = "", ""
-    returns_ids = True  # greedy loops ask for the argmax ids (ids=True), never built as rows
+    # greedy loops ask for the argmax ids (ids=True), never built as rows; its clock models seconds
+    capabilities = Capabilities(returns_ids=True, shares_passes=True, modelled_clock=True)
 
-    def __init__(self, model: RowModel, costs: Costs, host: str | float | None = None,
+    def __init__(self, model: RowModel, costs: CostTable, host: str | float | None = None,
                  max_sequences: int = 4) -> None:
         self.model = model
         self.max_sequences = max_sequences  # as the run's engine (the engines' default: 4)
@@ -230,6 +232,8 @@ class TreeReplayEngine(TokenListTree, ReplayEngine):
     token tree on the parent in one pass, priced as a score pass over the tree's nodes (no fork
     each, nor a batched step of that many sequences)."""
 
+    capabilities = replace(ReplayEngine.capabilities, tree_attention=True)
+
     def score_tree(self, seq: int, token_ids: Sequence[int], parents: Sequence[int], ids: bool = False,
                    banned=None) -> np.ndarray:
         """A token tree after seq's tokens in one pass (tree attention, tree.TokenTree): priced as a
@@ -267,6 +271,7 @@ class RecordedSpans:
     are right (the model's tokens, then tokens it never writes)."""
 
     shape = CHAIN
+    implementation = None
 
     def __init__(self, trace: list[dict], engine: ReplayEngine) -> None:
         self.engine, self.never_id = engine, engine.never_id
@@ -293,6 +298,9 @@ class RecordedSpans:
         right = target[at: at + event["accepted"]]
         return (right + [self.never_id] * (event["proposed"] - len(right)))[:max_tokens], None
 
-    def candidates(self, max_tokens: int) -> list[tuple[str, list[int]]]:
+    def candidates(self, max_tokens: int) -> list[tuple[Source, list[int]]]:
         span, _ = self.propose(max_tokens)
-        return [("recorded", span)] if span else []
+        return [(RECORDED, span)] if span else []
+
+
+RECORDED = Source("recorded")  # a run's own span, replayed

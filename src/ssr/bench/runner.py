@@ -7,8 +7,8 @@ from pathlib import Path
 
 from ..api import SSR
 from ..config import GenerationConfig
-from ..lossless import first_divergence
-from ..history import ResponseHistory
+from ..verifying.lossless import first_divergence
+from ..proposing.history import ResponseHistory
 from .suites import Item
 
 # code tasks get a prose-plan template with the answer opened as a code block; the

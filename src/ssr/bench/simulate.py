@@ -22,9 +22,9 @@ from dataclasses import dataclass, field, replace
 from ..config import GenerationConfig, SamplingParams, SuffixParams
 from ..loop import Generation
 from ..engines.base import shares_passes
-from ..costs import CostModel, Costs
-from ..policy import Plan, PolicyStats, fixed_plan, plan_request
-from ..history import ResponseHistory
+from ..pricing.costs import CostModel, CostTable
+from ..pricing.drafting import Plan, PolicyStats, fixed_plan, plan_request
+from ..proposing.history import ResponseHistory
 from .drafts import DraftBook
 from .replay import REPLAY_FORMAT, RecordedSpans, ReplayEngine, RowModel
 from .report import group_name, render_table
@@ -44,7 +44,7 @@ class Replay:
         return sum(v for k, v in self.seconds.items() if k != "draft")
 
 
-def replay(row: dict, costs: Costs, config: GenerationConfig, answer_prefix_ids: list[int],
+def replay(row: dict, costs: CostTable, config: GenerationConfig, answer_prefix_ids: list[int],
            spans: str = "policy", forced_end_ids: list[int] | None = None,
            history: ResponseHistory | None = None, stats: PolicyStats | None = None,
            drafts: DraftBook | None = None, host: str | float | None = None) -> Replay:
@@ -159,7 +159,7 @@ def project_modes(rows: list[dict], modes: Sequence[str]) -> list[dict]:
     return out
 
 
-def simulate(rows: list[dict], costs: Costs, config: GenerationConfig, spans: str = "policy",
+def simulate(rows: list[dict], costs: CostTable, config: GenerationConfig, spans: str = "policy",
              drafts: DraftBook | None = None, progress: bool = False, host: str | float | None = None) -> list[dict]:
     """Per row: measured and modelled seconds; rows must come from greedy runs. drafts: drafting
     re-planned under `costs`, drafts from the book (it writes missing ones into the rows)."""

@@ -34,10 +34,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from ..config import ConfigError, GenerationConfig
-from ..costs import CostModel, Costs
+from ..pricing.costs import CostModel, CostTable
 from ..loop import Generation
-from ..policy import Plan, PolicyStats
-from ..history import ResponseHistory
+from ..pricing.drafting import Plan, PolicyStats
+from ..proposing.history import ResponseHistory
 from .oracle import OracleProposer
 from .peers import REPLAY_PEERS
 from .replay import REPLAY_FORMAT, ReplayEngine, RowModel, TreeReplayEngine
@@ -57,7 +57,7 @@ NO_DRAFT = Plan(draft=False, stages=(), draft_tokens=1, verify_chunk=16,
 @dataclass(frozen=True)
 class CostSetting:
     name: str  # the row's engine label ("gpu", a calibrate file's stem)
-    costs: Costs
+    costs: CostTable
 
 
 def mode_config(mode: str) -> GenerationConfig:
@@ -135,7 +135,7 @@ def replay_all(traces: Sequence[TokenTrace], modes: Sequence[str], settings: Seq
 
 def seconds_at_step(row: dict, step_ms: float) -> float:
     """A row's seconds with the cost table scaled so a step takes step_ms, and the loop's host
-    time added once: where the replay put it on the modelled clock (`--host`) it is taken out
+    time added once: where the replay put it on the modelled clock (`--host-time`) it is taken out
     before the scaling (host time is absolute) and added back after."""
     host_s = row["host"]["s"]
     modelled_s = row["metrics"]["total_s"] - (host_s if row["host"].get("on_clock") is not None else 0.0)

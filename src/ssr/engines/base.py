@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
@@ -56,23 +57,52 @@ class Engine(Protocol):
     def length(self, seq: int) -> int:
         """Tokens held for seq."""
 
-    # optional, greedy: engines that pick the argmax where the logits live set `returns_ids = True`
-    # and take step(..., ids=True, banned=None) / score(...) / score_batch(...): token ids [k] per
-    # feed instead of rows [k, vocab] (banned ids never chosen), so no row crosses to the host.
+    capabilities: Capabilities  # what it can do beyond this core, declared by its class
 
-    # optional: engines that keep the last request's KV for the next prefill (engines/prefix.py) set
-    # `prefix` to their PrefixKeeper; its `reused` is what the last prefill took from it
+    def live_sequences(self) -> int:
+        """Sequences holding KV entries now, every request's together (several may share it)."""
 
-    # optional: engines that can feed several sequences k tokens each in one forward pass
-    # def score_batch(self, feeds: Sequence[tuple[int, Sequence[int]]]) -> list[np.ndarray]:
-    #     """Feed each (seq, tokens) in one pass -> logits [len(tokens), vocab] per feed."""
 
-    # optional: tree attention (tree.TokenTree), several candidate spans on one sequence in one pass
-    # def score_tree(self, seq: int, token_ids: Sequence[int], parents: Sequence[int]) -> np.ndarray:
-    #     """Feed n nodes after seq's tokens, node i seeing seq and its ancestors only (parents[i] <
-    #     i; -1: the sequence's last token), at position length + depth -> logits [n, vocab]."""
-    # def keep_path(self, seq: int, nodes: Sequence[int]) -> None:
-    #     """After score_tree: seq keeps the nodes of one root-first path, the others are dropped."""
+@dataclass(frozen=True)
+class Capabilities:
+    """What an engine can do beyond the core protocol, declared by its class (never probed); each
+    flag names the optional protocol below that the engine then implements."""
+
+    returns_ids: bool = False  # ReturnsIds: greedy passes return the argmax ids, no row crosses to the host
+    shares_passes: bool = False  # SharesPasses: several sequences' tokens in one forward pass (score_batch)
+    tree_attention: bool = False  # TreeAttention: a token tree on one sequence in one pass (score_tree, keep_path)
+    keeps_prefix: bool = False  # KeepsPrefix: the last request's KV kept for the next prefill (`prefix`)
+    modelled_clock: bool = False  # ModelledClock: it models its own seconds (`clock`), the replay engines
+    requests: bool = False  # driven as requests (vLLM, loop/vllm_walk.py), not by sequence steps
+
+
+class ReturnsIds(Protocol):
+    """step(batch, ids=True, banned=None), score(seq, tokens, ids=True, banned=None) and, where it
+    shares passes, score_batch(feeds, ids=True, banned=None): token ids [k] per feed instead of rows
+    [k, vocab], the argmax taken where the logits live, a banned id never chosen."""
+
+
+class SharesPasses(Protocol):
+    def score_batch(self, feeds: Sequence[tuple[int, Sequence[int]]]) -> list[np.ndarray]:
+        """Feed each (seq, tokens) in one pass -> logits [len(tokens), vocab] per feed."""
+
+
+class TreeAttention(Protocol):
+    def score_tree(self, seq: int, token_ids: Sequence[int], parents: Sequence[int]) -> np.ndarray:
+        """Feed n nodes after seq's tokens, node i seeing seq and its ancestors only (parents[i] <
+        i; -1: the sequence's last token), at position length + depth -> logits [n, vocab]."""
+
+    def keep_path(self, seq: int, nodes: Sequence[int]) -> None:
+        """After score_tree: seq keeps the nodes of one root-first path, the others are dropped."""
+
+
+class KeepsPrefix(Protocol):
+    prefix: PrefixKeeper | None  # the kept sequence (None: keeping is off); `reused`: what the last prefill took
+
+
+class ModelledClock(Protocol):
+    def clock(self) -> float:
+        """The engine's modelled seconds so far."""
 
 
 class PassTimer:
@@ -109,13 +139,13 @@ class PassTimer:
 def shares_passes(engine) -> bool:
     """Whether the engine (or engine class) feeds several sequences' tokens in one forward pass
     (`score_batch`): a parent's speculative pass and a child's step then cost one pass."""
-    return callable(getattr(engine, "score_batch", None))
+    return engine.capabilities.shares_passes
 
 
 def tree_passes(engine) -> bool:
     """Whether the engine verifies a token tree on one sequence in one pass (`score_tree` and
     `keep_path`: tree attention), so several candidates need no fork each."""
-    return callable(getattr(engine, "score_tree", None)) and callable(getattr(engine, "keep_path", None))
+    return engine.capabilities.tree_attention
 
 
 def argmax_ids(rows: np.ndarray, banned: np.ndarray | None = None) -> np.ndarray:

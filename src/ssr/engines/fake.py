@@ -14,10 +14,11 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from .base import EngineError, TokenListTree
+from .base import Capabilities, EngineError, TokenListTree
 
 
 class FakeEngine:
+    capabilities = Capabilities(shares_passes=True)  # rows always: it never returns ids
     vocab_size = 128
     eos_ids = frozenset({0})
     slots = 1  # a server runs one request at a time on it
@@ -109,6 +110,8 @@ class FakeTreeEngine(TokenListTree, FakeEngine):
     sequence's tokens, each node's logits those of the sequence + its ancestors + itself, and
     `keep_path` keeps one root-first path of it."""
 
+    capabilities = Capabilities(shares_passes=True, tree_attention=True)
+
     def score_tree(self, seq: int, token_ids: Sequence[int], parents: Sequence[int]) -> np.ndarray:
         self.calls["score_tree"] += 1
         rows, paths = [], []  # paths[i]: node i's tokens from the root
@@ -128,7 +131,7 @@ class FakeRequestsEngine:
     simulated in blocks of `block_size` over every sequence computed before; prompt-logprob
     rows under a cache hit hold junk, as vLLM's do."""
 
-    kind = "requests"
+    capabilities = Capabilities(requests=True)
     slots = 4  # a server runs several walks at once on it, as on vLLM
     verify_reads_cache = True
     enable_prefix_caching = True
@@ -163,7 +166,7 @@ class FakeRequestsEngine:
         from types import SimpleNamespace
 
         from ..config import SamplingParams
-        from ..sampling import target_probs
+        from ..verifying.sampling import target_probs
         from .vllm import _DONE, Request
 
         request = Request(self, request_id)
@@ -185,7 +188,7 @@ class FakeRequestsEngine:
                 logits = masked
             if params.temperature == 0:
                 token = int(np.argmax(logits))
-            else:  # vLLM's sampler: temperature, top-k, top-p (ssr.sampling does the same)
+            else:  # vLLM's sampler: temperature, top-k, top-p (ssr.verifying.sampling does the same)
                 probs = target_probs(logits, SamplingParams(params.temperature, params.top_p, params.top_k))
                 token = int(rng.choice(len(probs), p=probs))
             if sample_rows is not None:
@@ -214,6 +217,9 @@ class FakeRequestsEngine:
 
     def live_requests(self) -> int:
         return 0
+
+    def live_sequences(self) -> int:  # the server's gauge, as on vLLM: requests stand for sequences
+        return self.live_requests()
 
     def _cached(self, tokens: list[int]) -> int:
         """Longest block-aligned prefix computed before, at most len - 1 (vLLM recomputes the last)."""

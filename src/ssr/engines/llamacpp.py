@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .base import EngineError, SequenceSlots, argmax_ids, split_rows
+from .base import Capabilities, EngineError, SequenceSlots, argmax_ids, split_rows
 
 
 KV_TYPES = {"f32": 0, "f16": 1, "q8_0": 8}  # ggml_type ids
@@ -118,7 +118,8 @@ class LlamaCppEngine(SequenceSlots):
 
     # -- sequences ------------------------------------------------------------------------
 
-    returns_ids = True  # greedy: the argmax is read off llama.cpp's logits buffer, no rows copied
+    # greedy: the argmax is read off llama.cpp's logits buffer, no rows copied (returns_ids)
+    capabilities = Capabilities(returns_ids=True, shares_passes=True, keeps_prefix=True)
 
     def step(self, batch: Sequence[tuple[int, int]], ids: bool = False, banned=None) -> np.ndarray:
         return self._decode(batch, ids=ids, banned=banned)

@@ -26,7 +26,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import asdict
 from pathlib import Path
 
-from .base import EngineError
+from .base import Capabilities, EngineError
 from .tokenizer import TokenizerText
 from .vllm_costs import model_name
 from .vllm_worker import SuffixCacheWorker
@@ -98,7 +98,7 @@ SPECULATIVE_METHODS = (None, "ssr", "suffix", "ngram")  # vLLM's speculation ins
 
 
 class VllmEngine:
-    kind = "requests"  # driven by loop/vllm_walk.py (requests), not loop/generation.py (sequence steps)
+    capabilities = Capabilities(requests=True)  # driven by loop/vllm_walk.py, not loop/generation.py
 
     def __init__(self, model: str, context_size: int = 4096, threads: int | None = None,
                  tensor_parallel_size: int = 1, pipeline_parallel_size: int = 1,
@@ -228,13 +228,13 @@ class VllmEngine:
         return {key: sum(stats[key] for stats in found) for key in found[0]} if found else None
 
     def drafter_table(self):
-        """The cost table ssr's drafter prices its chains with (costs.Costs), None without it."""
-        from ..costs import Costs
+        """The cost table ssr's drafter prices its chains with (costs.CostTable), None without it."""
+        from ..pricing.costs import CostTable
 
         if self.speculative_method != "ssr":
             return None
         found = [table for table in self._call(self._llm.collective_rpc("ssr_drafter_table")) if table]
-        return Costs.from_dict(found[0]) if found else None
+        return CostTable.from_dict(found[0]) if found else None
 
     def drafter_log(self) -> dict[str, list[dict]]:
         """ssr's drafter's steps per vLLM request id (the worker ran with SSR_DRAFTER_LOG=1)."""

@@ -20,7 +20,7 @@ import statistics
 import time
 from pathlib import Path
 
-from ..costs import Costs, filler_ids, read_table, write_table
+from ..pricing.costs import CostTable, filler_ids, read_table, write_table
 from .vllm_drafter import UNDRAFTED  # the drafter leaves these requests plain
 
 SCORE_TOKENS = (8, 32, 128, 512)  # tokens in one pass, as costs.SCORE_SIZES
@@ -29,7 +29,7 @@ CONTEXT_TOKENS = 128  # cached before every probe (a whole number of KV blocks a
 DECODE_TOKENS = 12  # tokens each step probe decodes
 
 
-def measure(engine, repeats: int = 3, context_tokens: int = CONTEXT_TOKENS, progress=None) -> Costs:
+def measure(engine, repeats: int = 3, context_tokens: int = CONTEXT_TOKENS, progress=None) -> CostTable:
     """The cost table of a running VllmEngine (see the module docstring); a few seconds on a CPU."""
     tick = progress or (lambda: None)
     context = filler_ids(engine, context_tokens, 0)
@@ -46,7 +46,7 @@ def measure(engine, repeats: int = 3, context_tokens: int = CONTEXT_TOKENS, prog
                  for trial in range(max(2, repeats // (1 + size // 128)))]
         score_s[size] = max(step_s[1], statistics.median(times) - max(0.0, admit))
         tick()
-    return Costs(step_s=step_s, score_s=score_s, prefill_token_s=score_s[512] / 512,
+    return CostTable(step_s=step_s, score_s=score_s, prefill_token_s=score_s[512] / 512,
                  source="measured on vLLM by its request timings (engines/vllm_costs.py)",
                  meta={"date": time.strftime("%Y-%m-%d %H:%M"), "engine": "vllm", "model": engine.name,
                        "admit_s": round(admit, 6)},
@@ -65,7 +65,7 @@ def model_name(model) -> str:
     return str(model).rstrip("/").split("/")[-1]
 
 
-def cached(engine, log=None) -> Costs:
+def cached(engine, log=None) -> CostTable:
     """measure(), once per model and machine: kept beside the other models (costs/), reread after."""
     path = table_path(engine.name)
     costs = read_table(path)

@@ -12,7 +12,7 @@ its `custom_class` method, vllm/v1/spec_decode/custom_class_proposer.py). Per re
                 earlier responses of every request (one ResponseHistory shared by the batch,
                 bounded and evicted oldest first, as vLLM's global tree)
   2. price    - the span policy cuts each candidate to what it is worth on this engine's costs
-                at the batch the step runs at (costs.Costs.at_batch: a verified token is nearly
+                at the batch the step runs at (costs.CostTable.at_batch: a verified token is nearly
                 free at batch 1 on a GPU and costs compute at batch 64), and keeps the best one:
                 one chain (vLLM verifies one chain per request)
   3. verify   - vLLM's (greedy: argmax; sampled: its rejection sampler, a one-hot draft)
@@ -31,12 +31,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from ..config import GenerationConfig, SuffixParams
-from ..costs import CostModel, Costs, gpu_preset, load_costs
-from ..history import ResponseHistory
-from ..policy import PolicyStats
-from ..proposers import request_proposer
-from ..source import NO_SOURCE, Source
-from ..spans import SpanPolicy, span_extension
+from ..pricing.costs import CostModel, CostTable, gpu_preset, load_costs
+from ..proposing.history import ResponseHistory
+from ..pricing.drafting import PolicyStats
+from ..proposing.proposers import request_proposer
+from ..proposing.source import NO_SOURCE, Source
+from ..pricing.span_policy import SpanPolicy, span_extension
 
 log = logging.getLogger("ssr.drafter")
 
@@ -171,7 +171,7 @@ class SsrDrafter:
     called by its model runner every step (the plugin hands it the runner's input batch, which
     names the requests: the pinned hook passes token arrays only)."""
 
-    def __init__(self, vllm_config, costs: Costs | None = None, markers: tuple | None = None) -> None:
+    def __init__(self, vllm_config, costs: CostTable | None = None, markers: tuple | None = None) -> None:
         from .vllm_plugin import register
 
         register()  # the runner hook, in this (the worker's) process, whether or not vLLM loaded the plugin
@@ -262,9 +262,9 @@ class SsrDrafter:
             log.warning("ssr drafter: %s (logged once; counted in ssr_drafter_errors)", message)
 
     def set_costs(self, table: dict) -> None:
-        """Price from now on with this cost table (Costs as a dict: the engine measured it on this
+        """Price from now on with this cost table (CostTable as a dict: the engine measured it on this
         machine, engines/vllm_costs.py); the running requests price their next step with it too."""
-        self.costs = Costs.from_dict(table)
+        self.costs = CostTable.from_dict(table)
         self._batch_costs = {}
 
     def steps_log(self) -> dict[str, list[dict]]:
@@ -289,12 +289,12 @@ def _flag(name: str) -> bool:
     return os.environ.get(name, "") not in ("", "0")
 
 
-def _engine_costs(model_config) -> Costs:
+def _engine_costs(model_config) -> CostTable:
     """The span policy's cost table: $SSR_DRAFTER_COSTS (`gpu`, `gpu:MS`, a calibrate JSON); else on
     a CPU the table measured for this model on this machine (`ssr calibrate --engine vllm`, or
     `ssr serve --engine vllm` once), where there is one; else the GPU preset (only the ratios
     matter: a verify pass of tens of tokens ~ a step at batch 1)."""
-    from ..costs import read_table
+    from ..pricing.costs import read_table
     from .vllm_costs import table_path
 
     spec = os.environ.get(COSTS_ENV, "").strip()
@@ -314,7 +314,7 @@ def _markers(model_config) -> tuple[list[int], list[int]]:
     else ssr's code template's), read with the model's own tokenizer."""
     from transformers import AutoTokenizer
 
-    from ..thinking import detect_format
+    from ..formats.thinking import detect_format
 
     tokenizer = AutoTokenizer.from_pretrained(model_config.tokenizer, trust_remote_code=model_config.trust_remote_code)
     fmt = detect_format(getattr(tokenizer, "chat_template", None))

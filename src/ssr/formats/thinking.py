@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from .config import ConfigError
+from ..config import ConfigError
 
 CODE_SYSTEM = (
     "You are an expert Python programmer. Before writing any code, think inside <think> and </think>. "

@@ -12,12 +12,12 @@ import numpy as np
 
 from ..engines.base import tree_passes
 from ..metrics import Metrics
-from ..proposers import CHAIN, Proposer, Shape
-from ..sampling import target_probs
-from ..source import Source
-from ..spans import SpanPolicy
-from ..tree import TokenTree, build_tree
-from ..verify import Verdict, common_prefix, verify_tree_greedy, verify_tree_sampled
+from ..proposing.proposers import CHAIN, Proposer, Shape
+from ..verifying.sampling import target_probs
+from ..proposing.source import Source
+from ..pricing.span_policy import SpanPolicy
+from ..verifying.tree import TokenTree, build_tree
+from ..verifying.verify import Verdict, common_prefix, verify_tree_greedy, verify_tree_sampled
 from .children import Draft, DraftChildren
 from .sequences import Sequences
 from .speculation import Layout, Speculation

@@ -9,8 +9,8 @@ import numpy as np
 
 from ..config import GenerationConfig
 from ..metrics import Metrics, StageClock
-from ..policy import Plan
-from ..sampling import sample, target_probs
+from ..pricing.drafting import Plan
+from ..verifying.sampling import sample, target_probs
 from .sequences import Sequences
 from .verifier import Verifier
 

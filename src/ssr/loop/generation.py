@@ -6,7 +6,7 @@ the peers). Its parts, each passed what it needs:
   CandidatePass  one speculative pass (CoT or answer): propose, score, verify, keep the winner
   Transcript     the output as tokens and streamed text; when the CoT and the answer end
   Speculation    how the request's candidates are verified (tree, forks, chain or one), decided once
-  Plan           whether, when and how long children draft (policy.py), decided once
+  Plan           whether, when and how long children draft (pricing/drafting.py), decided once
 The request walks four stages:
   1. think    - the parent writes its CoT; at each stage budget of the plan a draft child forks,
                 is forced to end thinking and writes up to m answer tokens, its steps batched
@@ -18,7 +18,7 @@ The request walks four stages:
   3. continue - the proposer (suffix tree over prompt, drafts and output; n-gram lookup) guesses
                 spans, each verified in one pass, the longest match kept
   4. finish   - outstanding sequences released, metrics closed
-It changes speed only, never tokens: every token is the model's own (verify.py).
+It changes speed only, never tokens: every token is the model's own (verifying/verify.py).
 Every sequence keeps one *pending* token: committed, not yet fed to the engine.
 """
 from __future__ import annotations
@@ -27,14 +27,14 @@ from collections.abc import Iterator, Sequence
 from dataclasses import replace
 
 from ..config import ConfigError, GenerationConfig
-from ..costs import CostModel
+from ..pricing.costs import CostModel
 from ..engines.base import tree_passes
-from ..history import ResponseHistory
+from ..proposing.history import ResponseHistory
 from ..metrics import StageClock
-from ..policy import Plan, PolicyStats, plan_request
-from ..proposers import Proposer, request_proposer
-from ..spans import SpanPolicy
-from ..thinking import ThinkingFormat
+from ..pricing.drafting import Plan, PolicyStats, plan_request
+from ..proposing.proposers import Proposer, request_proposer
+from ..pricing.span_policy import SpanPolicy
+from ..formats.thinking import ThinkingFormat
 from .candidates import CandidatePass, Outcome
 from .children import Draft, DraftChildren, stage_metrics
 from .sequences import Sequences
@@ -67,7 +67,7 @@ class Generation(Walk):
         self.spans = SpanPolicy(self.costs, learnt.get("answer"))  # answer span lengths worth a verify pass
         self.cot_spans = SpanPolicy(self.costs, learnt.get("cot"))  # the same for CoT spans (accepted less)
         self.metrics.policy, self.metrics.spans_beside_child = self.plan.as_dict(), spec.beside_child
-        ids = config.sampling.greedy and getattr(engine, "returns_ids", False)  # argmax where the logits live
+        ids = config.sampling.greedy and engine.capabilities.returns_ids  # argmax where the logits live
         self.seqs = Sequences(engine, self.costs, self.metrics, banned_ids, ids)
         self.clock = StageClock(self.metrics, self.seqs.now)  # restarted when the request runs
         self.verifier = Verifier(config)
@@ -85,7 +85,7 @@ class Generation(Walk):
         clock.restart()
         try:
             self.seqs.prefill(self.prompt_ids[:-1])
-            kept = getattr(self.engine, "prefix", None)  # engines that keep the last request's KV (optional)
+            kept = self.engine.prefix if self.engine.capabilities.keeps_prefix else None  # the last request's KV
             self.metrics.cached_prompt_tokens = kept.reused if kept is not None else 0
             since = clock.add("prefill", 0.0)
             proposer = self._request_proposer()
@@ -126,7 +126,7 @@ class Generation(Walk):
                 raise ConfigError("a proposer that verifies its own token tree needs an engine with tree attention")
         if self.config.uses_draft and self.config.proposer == "suffix":
             self.metrics.engine["suffix_spans"] = "past the match" if spec.extend is not None else "match length"
-        if hasattr(proposer, "implementation"):  # the suffix tree's: arctic-inference or ssr's own
+        if proposer is not None and proposer.implementation:  # the suffix tree's: arctic-inference or ssr's own
             self.metrics.engine["suffix_tree"] = proposer.implementation
         return proposer
 

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ..costs import CostModel
+from ..pricing.costs import CostModel
 from ..engines.base import PassTimer
 from ..metrics import Metrics
 
@@ -23,7 +23,7 @@ class Sequences:
         self.metrics = metrics  # decode_steps, batched_steps counted here
         self.banned_ids = np.asarray(sorted(banned_ids), dtype=np.int64)  # -inf while thinking
         self.ids = ids  # scores come back as token ids, not rows
-        self.now = getattr(engine, "clock", time.perf_counter)  # a replay engine models its own seconds
+        self.now = engine.clock if engine.capabilities.modelled_clock else time.perf_counter  # replay: modelled
         self.parent = -1  # the parent's sequence (a winning fork's sequence takes its place)
         self.live: set[int] = set()  # every sequence the request holds now
 
@@ -51,9 +51,7 @@ class Sequences:
 
     def free(self) -> int:
         """Sequences the engine can still add, as it counts them (several requests may share it)."""
-        held = self.engine.live_sequences() if callable(getattr(self.engine, "live_sequences", None)) \
-            else len(self.live)
-        return self.engine.max_sequences - held
+        return self.engine.max_sequences - self.engine.live_sequences()
 
     def length(self, seq: int) -> int:
         return self.engine.length(seq)

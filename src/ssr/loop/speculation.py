@@ -6,9 +6,9 @@ from dataclasses import dataclass
 from enum import Enum
 
 from ..config import GenerationConfig
-from ..costs import CostModel
+from ..pricing.costs import CostModel
 from ..engines.base import shares_passes, tree_passes
-from ..spans import MAX_BRANCHES, MAX_TREE_CANDIDATES, span_extension
+from ..pricing.span_policy import MAX_BRANCHES, MAX_TREE_CANDIDATES, span_extension
 
 
 class Layout(Enum):

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..text import LoopGuard, TextStream
-from ..thinking import ThinkingFormat
+from ..formats.text import LoopGuard, TextStream
+from ..formats.thinking import ThinkingFormat
 
 
 @dataclass(frozen=True)

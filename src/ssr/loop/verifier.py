@@ -1,14 +1,14 @@
 """Verdicts on proposed tokens for one request: greedy (the argmax) or exact rejection sampling
 against the request's sampling distribution (its own random stream); a draft verified on a
 sequence in chunks that double while every token is accepted. The rules themselves are pure
-functions of arrays (verify.py)."""
+functions of arrays (verifying/verify.py)."""
 from __future__ import annotations
 
 import numpy as np
 
 from ..config import GenerationConfig
-from ..sampling import target_probs
-from ..verify import Verdict, verify_greedy, verify_sampled
+from ..verifying.sampling import target_probs
+from ..verifying.verify import Verdict, verify_greedy, verify_sampled
 from .sequences import Sequences
 
 

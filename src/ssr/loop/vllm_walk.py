@@ -34,14 +34,14 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..config import ConfigError, GenerationConfig
-from ..costs import CostModel
+from ..pricing.costs import CostModel
 from ..engines.base import EngineError
 from ..engines.vllm import Request, VllmEngine
 from ..metrics import StageClock
-from ..policy import PolicyStats, fixed_plan, plan_request
-from ..thinking import ThinkingFormat
-from ..verify import verify_sampled_rows
-from ..vllm_speculation import record_speculation
+from ..pricing.drafting import PolicyStats, fixed_plan, plan_request
+from ..formats.thinking import ThinkingFormat
+from ..verifying.verify import verify_greedy, verify_sampled_rows
+from ..engines.vllm_speculation import record_speculation
 from .children import Draft
 from .transcript import Chunk
 from .walk import Walk
@@ -372,12 +372,13 @@ def _row_size(sampling, max_logprobs: int) -> int | None:
 
 def _greedy_verdict(draft_ids: list[int], rows: list[dict], bonus: int | None) -> tuple[int, int | None]:
     """(tokens accepted while each is the row's argmax, the argmax at the first mismatch or the
-    bonus after a fully accepted draft)."""
-    for position, token in enumerate(draft_ids):
-        best = _argmax(rows[position])
-        if best != token:
-            return position, best
-    return len(draft_ids), bonus
+    bonus after a fully accepted draft): verify.verify_greedy over the rows' argmax ids."""
+    target_ids = [_argmax(row) for row in rows[: len(draft_ids)]] + [NO_TOKEN if bonus is None else bonus]
+    verdict = verify_greedy(draft_ids, np.asarray(target_ids, dtype=np.int64))
+    return verdict.num_accepted, None if verdict.next_token == NO_TOKEN else verdict.next_token
+
+
+NO_TOKEN = -1  # stands for a bonus vLLM did not return
 
 
 def _through_eos(token_ids: list[int], eos_ids) -> list[int]:

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from ..config import ConfigError, GenerationConfig
 from ..metrics import Metrics
-from ..thinking import ThinkingFormat
+from ..formats.thinking import ThinkingFormat
 from .transcript import Chunk, Transcript
 
 

@@ -26,15 +26,18 @@ import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from .config import ConfigError
+from ..config import ConfigError
 
 SCORE_SIZES = (8, 32, 128, 512)
 STEP_SIZES = (1, 2, 4)
-BATCH_SCORE_SIZES = (2, 4, 8, 16, 32, 64, 128, 256)  # span passes priced at a batch (Costs.at_batch)
+BATCH_SCORE_SIZES = (2, 4, 8, 16, 32, 64, 128, 256)  # span passes priced at a batch (CostTable.at_batch)
 
 
 @dataclass(frozen=True)
-class Costs:
+class CostTable:
+    """What an engine's passes cost, measured (ssr calibrate, the start-up probe) or assumed (the
+    GPU preset): a frozen table. CostModel prices passes from it and learns a drift."""
+
     step_s: dict[int, float]  # sequences in the batch -> seconds per step
     score_s: dict[int, float]  # tokens fed to one sequence -> seconds per pass
     prefill_token_s: float  # seconds per prompt token
@@ -57,7 +60,7 @@ class Costs:
         return num_tokens * _floored(self.prefill_token_s,
                                      self.prefill_context_s * (num_tokens - self.context_tokens) / 2)
 
-    def at_batch(self, batch: int) -> Costs:
+    def at_batch(self, batch: int) -> CostTable:
         """The costs one request sees among `batch` requests decoded together (vLLM's running
         batch): a pass is priced by the tokens it carries in all, and every request in the batch
         is taken to feed as many as this one (the symmetric case), so a step costs score(batch)
@@ -73,7 +76,7 @@ class Costs:
         return json.dumps(asdict(self), indent=2)
 
     @classmethod
-    def from_dict(cls, data: dict) -> Costs:
+    def from_dict(cls, data: dict) -> CostTable:
         try:
             slopes = {name: float(data.get(name, 0.0))
                       for name in ("step_context_s", "score_context_s", "prefill_context_s")}
@@ -109,7 +112,7 @@ def _interpolate(table: dict[int, float], x: int) -> float:
     return y1 + (y1 - y0) * (x - x1) / (x1 - x0)
 
 
-def gpu_preset(step: float = 0.015) -> Costs:
+def gpu_preset(step: float = 0.015) -> CostTable:
     """A GPU-like engine, relative to one decode step (only the ratios matter for ratios).
 
     Decode at batch 1 is memory-bound: every step reads all weights, so a second or
@@ -121,7 +124,7 @@ def gpu_preset(step: float = 0.015) -> Costs:
     prefills ~15k tokens/s on an H100 while a decode step takes ~15 ms).
     These are the assumptions the paper's setting implies, not measurements here.
     """
-    return Costs(
+    return CostTable(
         step_s={1: step, 2: step * 1.02, 4: step * 1.05},
         score_s={8: step, 32: step * 1.02, 128: step * 1.1, 256: step * 1.25, 512: step * 2.0},
         prefill_token_s=step / 200,
@@ -129,7 +132,7 @@ def gpu_preset(step: float = 0.015) -> Costs:
     )
 
 
-def load_costs(spec: str) -> Costs:
+def load_costs(spec: str) -> CostTable:
     """A JSON file from `ssr calibrate`, the preset `gpu`, or `gpu:MS` (the preset with a step of
     MS milliseconds: host time, which is absolute, then weighs as on that GPU)."""
     if spec == "gpu":
@@ -144,13 +147,13 @@ def load_costs(spec: str) -> Costs:
         return replace(gpu_preset(step_ms / 1e3), source=gpu_preset().source + f", step {step_ms:g} ms")
     path = Path(spec)
     try:
-        return Costs.from_dict(json.loads(path.read_text(encoding="utf-8")))
+        return CostTable.from_dict(json.loads(path.read_text(encoding="utf-8")))
     except (OSError, json.JSONDecodeError) as error:
         raise ConfigError(f"cannot read cost model {spec!r}: {error} (give a calibrate JSON or 'gpu')") from error
 
 
 def calibrate(engine, repeats: int = 5, context_tokens: int = 1024, progress=None,
-              score_sizes: tuple[int, ...] = SCORE_SIZES) -> Costs:
+              score_sizes: tuple[int, ...] = SCORE_SIZES) -> CostTable:
     """Median wall seconds of step (1, 2, 4 sequences), score (8..512 tokens) and prefill,
     measured on this engine at a context of `context_tokens` tokens; step(1), score(128)
     and prefill again at twice that context give the context slopes."""
@@ -159,7 +162,7 @@ def calibrate(engine, repeats: int = 5, context_tokens: int = 1024, progress=Non
     longer = 2 * context_tokens
     prefill_long, step_long, score_long = _probe(engine, longer, repeats, (1,), (128,), tick)
     grown = longer - context_tokens
-    return Costs(step_s=step_s, score_s=score_s, prefill_token_s=prefill_s,
+    return CostTable(step_s=step_s, score_s=score_s, prefill_token_s=prefill_s,
                  source="measured by ssr calibrate",
                  meta={"date": time.strftime("%Y-%m-%d %H:%M")},
                  context_tokens=context_tokens,
@@ -171,12 +174,12 @@ def calibrate(engine, repeats: int = 5, context_tokens: int = 1024, progress=Non
 QUICK_CONTEXT = 128  # tokens cached for the start-up probe
 
 
-def engine_costs(engine, log=None) -> Costs:
+def engine_costs(engine, log=None) -> CostTable:
     """The engine's cost table for the policy: a quick probe (step 1 and 2 sequences, score
     8/32/128 at a short context) measured once per engine setup and cached on disk when the
     engine names its setup (`cost_key`); a cached table is refreshed by timing a few steps,
     which scales it to the machine's speed now."""
-    from .models import cache_dir
+    from ..models import cache_dir
 
     key = getattr(engine, "cost_key", None)
     path = cache_dir() / "costs" / f"{key}.json" if key else None
@@ -186,24 +189,24 @@ def engine_costs(engine, log=None) -> Costs:
     if log is not None:
         log(f"measuring engine costs once for {key or 'this engine'} (a few seconds)")
     prefill_s, step_s, score_s = _probe(engine, QUICK_CONTEXT, 3, (1, 2), (8, 32, 128), lambda: None)
-    costs = Costs(step_s=step_s, score_s=score_s, prefill_token_s=prefill_s, context_tokens=QUICK_CONTEXT,
+    costs = CostTable(step_s=step_s, score_s=score_s, prefill_token_s=prefill_s, context_tokens=QUICK_CONTEXT,
                   source="quick probe at start-up", meta={"date": time.strftime("%Y-%m-%d %H:%M"), "key": key})
     if path is not None:
         write_table(path, costs)
     return costs
 
 
-def read_table(path: Path) -> Costs | None:
+def read_table(path: Path) -> CostTable | None:
     """A cost table cached on disk; None when there is none or it is unreadable (measure again)."""
     if not path.is_file():
         return None
     try:
-        return Costs.from_dict(json.loads(path.read_text(encoding="utf-8")))
+        return CostTable.from_dict(json.loads(path.read_text(encoding="utf-8")))
     except (OSError, ValueError, ConfigError):
         return None
 
 
-def write_table(path: Path, costs: Costs) -> None:
+def write_table(path: Path, costs: CostTable) -> None:
     """Cache a cost table on disk; a read-only cache only costs the probe next time."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -240,10 +243,10 @@ def _median_step_s(engine, batch: list[tuple[int, int]], repeats: int) -> float:
     return statistics.median(times[1:])
 
 
-def _rescaled(costs: Costs, step_s: float) -> Costs:
+def _rescaled(costs: CostTable, step_s: float) -> CostTable:
     """costs with every time scaled so that a one-sequence step takes step_s."""
     scale = step_s / costs.step_s[1] if costs.step_s[1] > 0 else 1.0
-    return Costs(step_s={k: v * scale for k, v in costs.step_s.items()},
+    return CostTable(step_s={k: v * scale for k, v in costs.step_s.items()},
                  score_s={k: v * scale for k, v in costs.score_s.items()},
                  prefill_token_s=costs.prefill_token_s * scale, source=costs.source + f", rescaled x{scale:.2f}",
                  meta=costs.meta, context_tokens=costs.context_tokens)
@@ -297,7 +300,7 @@ class CostModel:
     step_s: float = 0.05  # no table: one token for one sequence
     token_s: float = 0.02  # no table: each further token in the same pass
     smoothing: float = 0.2  # weight of a new observation
-    table: Costs | None = None  # measured step / score costs per size
+    table: CostTable | None = None  # measured step / score costs per size
     drift: float = 1.0  # observed / table for steps, smoothed
     score_drift: float = 1.0  # observed / table for score passes, smoothed
 

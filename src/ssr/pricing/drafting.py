@@ -12,7 +12,7 @@ costs 0.4-1.3 steps. The policy predicts, per request, from
 
 whether a draft child pays at all, when it forks (b_d) and how long it writes (m) and how the
 draft is verified (first chunk, doubling while all match). `Plan.explain` holds the choice and
-the predicted seconds behind it (`--json` prints it). How long each speculated span is: spans.py.
+the predicted seconds behind it (`--json` prints it). How long each speculated span is: span_policy.py.
 """
 from __future__ import annotations
 
@@ -20,9 +20,9 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 
-from .config import MODE_TABLE, GenerationConfig
+from ..config import MODE_TABLE, GenerationConfig
 from .costs import CostModel
-from .spans import AcceptanceStats
+from .span_policy import AcceptanceStats
 
 SEED_NGRAM = 4  # answer tokens count as found in the draft when this n-gram ending at them is there
 

@@ -12,8 +12,8 @@ from operator import mul
 from dataclasses import dataclass, field, replace
 
 from .costs import CostModel
-from .source import NO_SOURCE, Source
-from .verify import common_prefix
+from ..proposing.source import NO_SOURCE, Source
+from ..verifying.verify import common_prefix
 
 
 def best_span_length(accept_probs: Sequence[float], costs: CostModel) -> int:

@@ -9,14 +9,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from .config import SuffixParams
+from ..config import SuffixParams
 from .history import ResponseHistory
 from .source import NO_SOURCE, Source
 from .suffix_tree import SuffixTree, match_bucket
 
-
-# the `suffix` peer: vLLM's suffix method with its defaults (suffix_decoding_max_tree_depth 24,
-# num_speculative_tokens = the depth, max_spec_factor 1.0, min_token_prob 0.1)
+# the `suffix` peer: vLLM's suffix method, its defaults (tree depth 24 = tokens, spec factor 1, min prob 0.1)
 PEER_SUFFIX = SuffixParams(max_depth=24, max_span=24, span_factor=1.0, min_prob=0.1)
 
 
@@ -38,6 +36,7 @@ CHAIN = Shape()  # one span a pass, fed as proposed: ssr's sources and the chain
 
 class Proposer(Protocol):
     shape: Shape  # how its candidates are verified
+    implementation: str | None  # whose suffix tree it runs on ("arctic-inference", "ssr"), for the metrics
 
     def observe(self, token_ids: Sequence[int]) -> None:
         """Tokens just committed to the output (CoT, forced tokens and answer)."""
@@ -58,6 +57,7 @@ class OneSource:
 
     source = NO_SOURCE
     shape = CHAIN
+    implementation = None
 
     def candidates(self, max_tokens: int) -> list[tuple[Source, list[int]]]:
         span, _ = self.propose(max_tokens)
@@ -69,6 +69,7 @@ class CompetingProposers:
     policy picks one per pass by expected tokens gained per second."""
 
     shape = CHAIN
+    implementation = None  # not said: its sources are several
 
     def __init__(self, proposers: dict[str, Proposer]) -> None:
         self.proposers = proposers  # name -> proposer (each names its candidates' sources)
@@ -103,10 +104,8 @@ class ArcticSuffixProposer(OneSource):
     source = Source("suffix")
     implementation = "arctic-inference"
 
-    def __init__(self, params: SuffixParams, prompt: Sequence[int], history: ResponseHistory | None = None,
-                 source: Source = Source("suffix")) -> None:
+    def __init__(self, params: SuffixParams, prompt: Sequence[int], history: ResponseHistory | None = None) -> None:
         self.params = params
-        self.source = source  # its candidates' name
         history = history if history is not None else ResponseHistory(0)
         self.cache, self.request_id = history.arctic(params.max_depth)
         self.cache.start_request(self.request_id, list(prompt))

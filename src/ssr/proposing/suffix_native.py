@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from itertools import islice
 
-from .config import SuffixParams
+from ..config import SuffixParams
 from .proposers import CHAIN
 from .source import Source
 from .suffix_tree import match_bucket

@@ -279,11 +279,6 @@ async def _sse(job: Job, request: ParsedRequest, model: str, prompt_tokens: int)
         job.cancelled.set()  # harmless when finished; frees the sequences when the client left
 
 
-def _live(engine) -> int:
-    counter = getattr(engine, "live_sequences", None)
-    return counter() if counter else -1
-
-
 def serve(app, host: str, port: int, grace_s: float, log=print) -> None:
     """Run the app under uvicorn with a graceful shutdown: on SIGTERM or SIGINT new requests
     get 503 while running and queued ones finish within `grace_s` s (then they are cancelled
@@ -311,7 +306,7 @@ def serve(app, host: str, port: int, grace_s: float, log=print) -> None:
         def drain(self) -> None:
             outcome = scheduler.drain(grace_s)
             log(f"ssr: drained: {outcome['finished']} finished, {outcome['cancelled']} cancelled, "
-                f"live sequences {_live(app.state.engine)}; exiting")
+                f"live sequences {app.state.engine.live_sequences()}; exiting")
             self.should_exit = True
 
     config = uvicorn.Config(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=10)

@@ -167,11 +167,10 @@ class _Legacy:
         for outcome in self.OUTCOMES:
             outcomes.add_metric([outcome], c.get(outcome, 0))
         yield outcomes
-        live = getattr(self.engine, "live_sequences", None)
         for name, text, value in (("ssr:num_requests_running", "Requests decoding now.",
                                    self.scheduler.running),
                                   ("ssr:num_requests_waiting", "Requests in the queue.", self.scheduler.waiting),
-                                  ("ssr:live_sequences", "Engine sequences holding KV cache.", live() if live else -1)):
+                                  ("ssr:live_sequences", "Engine sequences holding KV cache.", self.engine.live_sequences())):
             yield GaugeMetricFamily(name, text, value=value)
 
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..config import MODES, ConfigError, GenerationConfig, SamplingParams
-from ..tools import ToolUse
+from ..formats.tools import ToolUse
 from .tool_request import assistant_calls, tool_use
 
 ROLES = ("system", "developer", "user", "assistant", "tool")  # developer: OpenAI's newer name for system

@@ -290,7 +290,7 @@ def _calls(request: ParsedRequest, model):
     """The reader of the answer's tool calls, when the request offers tools (else None)."""
     if request.tools is None or not request.tools.active:
         return None
-    from ..tools import CallStream, detect_tool_format
+    from ..formats.tools import CallStream, detect_tool_format
 
     fmt = detect_tool_format(model.engine.chat_template)
     return CallStream(fmt, request.tools.offered, None if request.tools.parallel else 1)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import re
 
-from ..tools import ToolUse
+from ..formats.tools import ToolUse
 
 NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")  # OpenAI's rule for a function's name
 CHOICES = ("auto", "none", "required")

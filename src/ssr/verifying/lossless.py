@@ -5,8 +5,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .loop import Result
-from .engines.base import Engine
+from ..loop import Result
+from ..engines.base import Engine
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .config import SamplingParams
+from ..config import SamplingParams
 
 
 def target_probs(logits: np.ndarray, params: SamplingParams) -> np.ndarray:

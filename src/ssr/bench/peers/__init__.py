@@ -2,20 +2,22 @@
 source named there): proposers for the trace replay's loop, with the shape their engine
 verifies (proposers.Shape: a chain, or a token tree of their own, padded where the engine pads).
 
-`suffix`, `ngram-v1` and `pld` run on ssr's engines too and live in proposers.py; the ones here
+`suffix`, `ngram-v1` and `pld` run on ssr's engines too and live in proposing/proposers.py; the ones here
 exist only where this project has no such engine (SGLang, llama-server's n-gram modes) or no
 serving path turns them on (arctic's tree mode)."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from ...history import ResponseHistory
-from ...proposers import Proposer
+from ...proposing.history import ResponseHistory
+from ...proposing.proposers import Proposer
 
 
 class TreeSource:
     """`propose` for a peer whose `candidates` are the paths of its own token tree: the first
     path (the protocol's one-span view; the loop verifies the whole tree, Shape.tree)."""
+
+    implementation = None
 
     def propose(self, max_tokens: int) -> tuple[list[int], list[float] | None]:
         found = self.candidates(max_tokens)

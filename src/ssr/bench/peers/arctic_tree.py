@@ -17,9 +17,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ...history import ResponseHistory
-from ...proposers import Shape
-from ...source import Source
+from ...proposing.history import ResponseHistory
+from ...proposing.proposers import Shape
+from ...proposing.source import Source
 from . import TreeSource
 
 MAX_DEPTH = 64  # simulator.py --max-depth

@@ -27,9 +27,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ...history import ResponseHistory
-from ...proposers import OneSource
-from ...source import Source
+from ...proposing.history import ResponseHistory
+from ...proposing.proposers import OneSource
+from ...proposing.source import Source
 
 SIMPLE_N, SIMPLE_M = 12, 48  # common.h: speculative ngram_simple size_n, size_m
 MOD_N, MOD_MIN, MOD_MAX = 24, 48, 64  # common.h: ngram_mod n_match, n_min, n_max

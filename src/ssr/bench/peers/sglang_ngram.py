@@ -28,9 +28,9 @@ import heapq
 from collections import deque
 from collections.abc import Sequence
 
-from ...history import ResponseHistory
-from ...proposers import Shape
-from ...source import Source
+from ...proposing.history import ResponseHistory
+from ...proposing.proposers import Shape
+from ...proposing.source import Source
 from . import TreeSource
 
 DRAFT_TOKENS = 12  # --speculative-num-draft-tokens unset: D, the root included

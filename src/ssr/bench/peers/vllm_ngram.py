@@ -19,8 +19,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ...proposers import OneSource
-from ...source import Source
+from ...proposing.proposers import OneSource
+from ...proposing.source import Source
 
 
 class VllmNgramProposer(OneSource):
