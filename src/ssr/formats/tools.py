@@ -7,7 +7,7 @@ does not parse, or that names no offered tool, stays in the content with the rea
 
 - `render_tools(...)`: the chat template's own `tools` argument when the template renders tools
   (Qwen2.5, Hermes, ...), else a Hermes-style block in the system message (documented in
-  docs/serve.md, "Tools").
+  docs/agents.md, "Tools in `ssr serve`").
 - `read_calls(text, ...)`: one finished answer -> content, calls, problems.
 - `CallStream`: the same reading, piece by piece, for streaming (content is sent as it comes;
   a call is sent once its closing marker arrives).

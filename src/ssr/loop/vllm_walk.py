@@ -24,7 +24,7 @@ sequence walk's transcript, result and iteration (loop/walk.py).
 Sampled requests: exact rejection sampling on vLLM's raw top-k logprob rows, which hold every
 token the sampler may pick when top_k = k <= max_logprobs (-1: whole vocabularies); the child
 returns its rows (`logprobs=k`), the verify request the target's (`prompt_logprobs=k`).
-Otherwise a sampled request decodes plainly and says why (README, "vLLM").
+Otherwise a sampled request decodes plainly and says why (docs/losslessness.md, "Sampling on vLLM").
 """
 from __future__ import annotations
 
