@@ -65,7 +65,7 @@ def cmd_bench(args: argparse.Namespace, config: GenerationConfig, model_loader) 
         own = {} if engine == "transformers" else {"device": None} if engine == "vllm" else \
             {"device": None, "dtype": None}  # also vLLM's
         if engine != "vllm":  # and the vLLM flags vLLM's
-            from ..cli import VLLM_DEFAULTS
+            from ..flags import VLLM_DEFAULTS
 
             own.update(VLLM_DEFAULTS)
         return argparse.Namespace(**{**vars(args), "engine": engine, **own})
