@@ -123,7 +123,7 @@ def test_generate_json_end_to_end(policy):
 @pytest.mark.model
 def test_generate_stream_and_stdin():
     code, out, err = run_cli("generate", "-", "--stream", "--mode", "ar", "--thinking-budget", "24",
-                             "--max-tokens", "24", "--draft-at", "8", *FAST, stdin="Add two numbers in Python.")
+                             "--max-tokens", "24", *FAST, stdin="Add two numbers in Python.")
     assert code == 0, err
     assert "```python" in out
     assert re.match(r"[\d.]+ s: thought \d+ tokens in [\d.]+ s.*, answered \d+ tokens in [\d.]+ s.*; "
@@ -150,7 +150,7 @@ def test_bench_smoke_report_simulate_calibrate(tmp_path):
     code, stdout, err = run_cli("report", str(out), "--out", str(tmp_path / "again"))
     assert code == 0 and (tmp_path / "again" / "report.md").exists(), err
 
-    code, stdout, err = run_cli("calibrate", "--repeats", "2", "--out", str(tmp_path / "costs.json"), *FAST)
+    code, stdout, err = run_cli("calibrate", "--timings", "2", "--out", str(tmp_path / "costs.json"), *FAST)
     assert code == 0, err
     costs = json.loads((tmp_path / "costs.json").read_text())
     assert set(costs["step_s"]) >= {"1", "2"} and set(costs["score_s"]) == {"8", "32", "128", "512"}
