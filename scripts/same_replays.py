@@ -18,9 +18,12 @@ HOST_METRICS = ("host_s",)
 
 
 def rows(folder: Path) -> list[dict]:
+    from ssr.metrics import current_names  # rows from before a metric's rename compare under today's name
+
     out = []
     for line in (folder / "rows.jsonl").read_text(encoding="utf-8").splitlines():
         row = json.loads(line)
+        row["metrics"] = current_names(row.get("metrics", {}))
         for field in HOST_FIELDS:
             row.pop(field, None)
         for field in HOST_METRICS:

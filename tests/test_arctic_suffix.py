@@ -50,8 +50,8 @@ def test_the_suffix_mode_runs_on_it_and_stays_lossless():
                                                                        policy="fixed"), prompt).run()
     assert first.output_ids == second.output_ids == plain.output_ids
     assert first.metrics.engine["suffix_tree"] == "arctic-inference"
-    assert second.metrics.cot_accepted_tokens + second.metrics.suffix_accepted_tokens > \
-        first.metrics.cot_accepted_tokens + first.metrics.suffix_accepted_tokens  # copied the first response
+    assert second.metrics.cot_accepted_tokens + second.metrics.answer_accepted_tokens > \
+        first.metrics.cot_accepted_tokens + first.metrics.answer_accepted_tokens  # copied the first response
 
 
 @pytest.mark.parametrize("seed", range(4))

@@ -164,7 +164,7 @@ def test_the_simulator_replays_branched_runs_exactly(order, prompt):
            "trace": got.trace}
     replayed = replay(row, gpu_preset(), config_from_dict(row["config"]), row["answer_prefix_ids"])
     assert replayed.cot_accepted_tokens == got.metrics.cot_accepted_tokens
-    assert replayed.suffix_accepted_tokens == got.metrics.suffix_accepted_tokens
+    assert replayed.answer_accepted_tokens == got.metrics.answer_accepted_tokens
     assert replayed.accepted_prefix_tokens == got.metrics.accepted_prefix_tokens
     assert replayed.total_s == pytest.approx(got.metrics.total_s, rel=1e-9)
 

@@ -40,7 +40,7 @@ def test_ssr_accepts_draft_and_saves_steps():
     m = ssr.metrics
     # the child writes one token at the fork and one per batched step until the CoT ends
     assert m.draft_tokens == 1 + (40 - 30) and m.verify_passes >= 1
-    assert m.accepted_prefix_tokens + m.suffix_accepted_tokens > 0
+    assert m.accepted_prefix_tokens + m.answer_accepted_tokens > 0
     assert m.batched_steps == 40 - 30  # the child rode along until the CoT ended
     assert ssr.metrics.decode_steps < ar.metrics.decode_steps
 

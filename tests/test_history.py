@@ -42,8 +42,8 @@ def test_a_repeated_request_copies_from_the_first_and_stays_identical():
     alone = Generation(FakeEngine(), FORMATS["code"], config, PROMPT).run()
     assert second.output_ids == first.output_ids == alone.output_ids
     assert history.responses == [first.output_ids, second.output_ids]
-    copied = second.metrics.cot_accepted_tokens + second.metrics.suffix_accepted_tokens
-    assert copied > 2 * (alone.metrics.cot_accepted_tokens + alone.metrics.suffix_accepted_tokens)
+    copied = second.metrics.cot_accepted_tokens + second.metrics.answer_accepted_tokens
+    assert copied > 2 * (alone.metrics.cot_accepted_tokens + alone.metrics.answer_accepted_tokens)
 
 
 def test_bench_histories_hold_earlier_items_only(tmp_path):

@@ -48,8 +48,8 @@ def test_smollm_greedy_identity(smollm, index, record_property):
         assert m.draft_tokens > 0 and m.verify_passes >= 1
     if interval and m.cot_tokens > 52:
         assert len(m.stages) >= 2
-    print(f"[{index}] accepted prefix {m.accepted_prefix_tokens}, suffix {m.suffix_accepted_tokens}"
-          f"/{m.suffix_proposed_tokens}; {report or 'identical'}")
+    print(f"[{index}] accepted prefix {m.accepted_prefix_tokens}, suffix {m.answer_accepted_tokens}"
+          f"/{m.answer_proposed_tokens}; {report or 'identical'}")
 
 
 @pytest.mark.parametrize("mode", ["ssr-prefix", "ssr-suffix", "suffix", "pld"])
@@ -75,8 +75,8 @@ def test_smollm_transformers_greedy_identity(smollm_transformers, index):
     _, ssr = check_identity(smollm_transformers, SMOL_PROMPTS[index * 3], report, thinking_budget=96,
                             draft_at=32, draft_tokens=64, max_tokens=96)
     m = ssr.metrics
-    print(f"[{index}] accepted prefix {m.accepted_prefix_tokens}, suffix {m.suffix_accepted_tokens}"
-          f"/{m.suffix_proposed_tokens}; {report or 'identical'}")
+    print(f"[{index}] accepted prefix {m.accepted_prefix_tokens}, suffix {m.answer_accepted_tokens}"
+          f"/{m.answer_proposed_tokens}; {report or 'identical'}")
 
 
 QWEN_PROMPTS = classeval_prompts(3, start=10) or humaneval_prompts(3)
@@ -94,8 +94,8 @@ def test_qwen_greedy_identity(qwen, index):
     ar, ssr = check_identity(qwen, QWEN_PROMPTS[index], report, thinking_budget=192,
                              draft_at=64, draft_tokens=128, max_tokens=160)
     m = ssr.metrics
-    print(f"[{index}] accepted prefix {m.accepted_prefix_tokens}, suffix {m.suffix_accepted_tokens}"
-          f"/{m.suffix_proposed_tokens}; {report or 'identical'}")
+    print(f"[{index}] accepted prefix {m.accepted_prefix_tokens}, suffix {m.answer_accepted_tokens}"
+          f"/{m.answer_proposed_tokens}; {report or 'identical'}")
 
 
 def gpu_priced(model, prompt, mode, **budgets):

@@ -78,6 +78,6 @@ def test_the_oracle_is_accepted_whole_and_no_mode_needs_fewer_passes(tmp_path):
         metrics = row["metrics"]
         assert row["identical"] and metrics["cot_passes"] > 0
         assert metrics["cot_accepted_tokens"] == metrics["cot_proposed_tokens"]
-        assert metrics["suffix_accepted_tokens"] == metrics["suffix_proposed_tokens"]
+        assert metrics["answer_accepted_tokens"] == metrics["answer_proposed_tokens"]
         for mode in TRACE_MODES:
             assert passes(metrics) <= passes(by[(row["order"], row["item"], mode)]["metrics"]), mode

@@ -15,7 +15,7 @@ def row(suite, item, mode, total, repeat=0, answer="x", identical=True, accepted
     seconds["continuation"] = total
     return {"suite": suite, "item": item, "repeat": repeat, "mode": mode, "answer": answer, "identical": identical,
             "metrics": {"total_s": total, "first_answer_token_s": total / 2, "seconds": seconds,
-                        "accepted_prefix_tokens": accepted, "suffix_accepted_tokens": 0, "answer_tokens": 10}}
+                        "accepted_prefix_tokens": accepted, "answer_accepted_tokens": 0, "answer_tokens": 10}}
 
 
 ROWS = [row("a", str(i), "ar", 10.0 + i) for i in range(5)] + \
@@ -89,3 +89,12 @@ def test_report_files_and_tables(tmp_path):
 def test_load_rows_skips_a_torn_line(tmp_path):
     (tmp_path / "runs.jsonl").write_text(json.dumps(ROWS[0]) + "\n" + json.dumps(ROWS[1])[:20])
     assert len(load_rows([tmp_path])) == 1
+
+
+def test_rows_written_before_a_metric_rename_read_under_its_new_name(tmp_path):
+    """Bench rows from before the rename (docs/peers/*.jsonl) still report and replay."""
+    old = row("s", "1", "ssr", 1.0)
+    old["metrics"]["suffix_accepted_tokens"] = old["metrics"].pop("answer_accepted_tokens")
+    (tmp_path / "runs.jsonl").write_text(json.dumps(old) + "\n")
+    (loaded,) = load_rows([tmp_path])
+    assert loaded["metrics"]["answer_accepted_tokens"] == 0 and "suffix_accepted_tokens" not in loaded["metrics"]

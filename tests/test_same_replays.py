@@ -35,3 +35,9 @@ def test_rows_are_the_same_but_for_host_time(tmp_path, change, same):
 
 def test_a_missing_row_is_a_difference(tmp_path):
     assert same_replays.main([str(write(tmp_path / "a", [ROW, ROW])), str(write(tmp_path / "b", [ROW]))]) == 1
+
+
+def test_a_renamed_metric_compares_under_its_new_name(tmp_path):
+    old = {**ROW, "metrics": {"suffix_accepted_tokens": 3}}  # written before the rename
+    new = {**ROW, "metrics": {"answer_accepted_tokens": 3}}
+    assert same_replays.main([str(write(tmp_path / "a", [old])), str(write(tmp_path / "b", [new]))]) == 0

@@ -87,7 +87,7 @@ def test_replay_reproduces_acceptance(mode, draft_at, order):
         replayed = replay(row, gpu_preset(), config_from_dict(row["config"]), row["answer_prefix_ids"])
         metrics = row["metrics"]
         assert replayed.accepted_prefix_tokens == metrics["accepted_prefix_tokens"]
-        assert replayed.suffix_accepted_tokens == metrics["suffix_accepted_tokens"]
+        assert replayed.answer_accepted_tokens == metrics["answer_accepted_tokens"]
         assert replayed.answer_tokens == metrics["answer_tokens"]
         assert replayed.cot_accepted_tokens == metrics["cot_accepted_tokens"]
 

@@ -22,6 +22,9 @@ class Mode:
     proposer: str | None  # what speculates the output: "suffix" (ssr's sources where it drafts, else the
     #                       `suffix` peer), "pld", "ngram" (the peers as their users run them), None (plain)
     summary: str  # one line for help and docs
+    replays_as: str | None = None  # replay-only (ssr traces): the engine mode whose loop runs it; None: engines run it
+    cot_spans: bool = True  # the CoT is speculated too (False: the paper's regime, the CoT decoded plainly)
+    own_proposer: bool = False  # replay-only: it brings its own proposer (bench/peers, bench/oracle.py)
 
     @property
     def chooses(self) -> bool:
@@ -38,8 +41,24 @@ MODE_TABLE = {mode.name: mode for mode in (
     Mode("pld", False, False, "pld", "peer: transformers' prompt lookup decoding"),
     Mode("ngram", False, False, "ngram", "peer: vLLM's ngram method (its docs' example)"),
 )}
-MODES = tuple(MODE_TABLE)
-DRAFT_MODES = tuple(name for name, mode in MODE_TABLE.items() if mode.drafts)  # modes that fork draft children
+REPLAY_ONLY = (  # what `ssr traces` also replays: the paper's method, the peers no engine of ssr runs, the limit
+    Mode("paper", True, True, "suffix", "ssr with the CoT decoded plainly (the paper's method)", replays_as="ssr",
+         cot_spans=False),
+    Mode("ngram-v1", False, False, "ngram", "peer: vLLM's ngram on its V1 runner (earliest match)", replays_as="ngram"),
+    *(Mode(name, False, False, "own", summary, replays_as="suffix", own_proposer=True) for name, summary in (
+        ("vllm-ngram", "peer: vLLM's ngram on its default runner (rightmost match, K tokens always)"),
+        ("arctic-tree", "peer: arctic-inference's tree speculation"),
+        ("sglang-ngram", "peer: SGLang's NGRAM, a BFS token tree of 12 over one trie of decode windows"),
+        ("sglang-ngram-prob", "peer: SGLang's NGRAM, its PROB tree"),
+        ("llamacpp-ngram-simple", "peer: llama-server's ngram-simple"),
+        ("llamacpp-ngram-mod", "peer: llama-server's ngram-mod"),
+        ("oracle", "the limit: with hindsight, the longest copy of what comes next a pass"))),
+)
+MODES = tuple(MODE_TABLE)  # what the engines run (generate, bench, serve)
+MODE_TABLE.update((mode.name, mode) for mode in REPLAY_ONLY)
+# what `ssr traces` replays, in its tables' order (`ngram` is there as ngram-v1 and vllm-ngram, by its rules)
+TRACE_MODES = ("ar", "ssr", "paper", "suffix", "ngram-v1", "pld", *(mode.name for mode in REPLAY_ONLY[2:]))
+DRAFT_MODES = tuple(name for name in MODES if MODE_TABLE[name].drafts)  # modes that fork draft children
 
 
 class ConfigError(ValueError):

@@ -186,7 +186,7 @@ def identity(engine, arch: str, prompts: tuple[str, ...], budget: int) -> list[d
                          "divergence": None if divergence is None else divergence.describe(),
                          "stages": len(m.stages), "draft_tokens": m.draft_tokens,
                          "accepted_prefix": m.accepted_prefix_tokens,
-                         "spans_accepted": m.suffix_accepted_tokens + m.cot_accepted_tokens,
+                         "spans_accepted": m.answer_accepted_tokens + m.cot_accepted_tokens,
                          "shared_passes": m.shared_passes, "branch_passes": m.branch_passes,
                          "ar_s": expected.metrics.total_s, "mode_s": m.total_s})
     return rows

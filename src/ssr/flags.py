@@ -58,7 +58,7 @@ def add_generation_arguments(parser: argparse.ArgumentParser, with_mode: bool = 
     defaults = GenerationConfig()
     if with_mode:
         parser.add_argument("--mode", default=defaults.mode, choices=MODES,
-                            help="; ".join(f"{mode.name}: {mode.summary}" for mode in MODE_TABLE.values()))
+                            help="; ".join(f"{name}: {MODE_TABLE[name].summary}" for name in MODES))
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     parser.add_argument("--top-p", type=float, default=1.0)
     parser.add_argument("--top-k", type=int, default=0)

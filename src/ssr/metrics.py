@@ -7,6 +7,13 @@ from dataclasses import asdict, dataclass, field
 from .config import DRAFT_MODES
 
 STAGES = ("prefill", "cot", "draft", "verify", "continuation")
+RENAMED = {"suffix_proposed_tokens": "answer_proposed_tokens",  # rows written before the rename (bench rows,
+           "suffix_accepted_tokens": "answer_accepted_tokens"}  # docs/peers/*.jsonl) name them so
+
+
+def current_names(metrics: dict) -> dict:
+    """A row's metrics under today's names (rows written before a rename are read too)."""
+    return {RENAMED.get(name, name): value for name, value in metrics.items()}
 
 
 @dataclass
@@ -21,8 +28,8 @@ class Metrics:
     stop: str = ""  # "eos" or "max_tokens"
     draft_tokens: int = 0  # tokens the draft child wrote
     accepted_prefix_tokens: int = 0  # draft tokens accepted in the prefix verify pass
-    suffix_proposed_tokens: int = 0  # tokens proposed by the continuation proposer
-    suffix_accepted_tokens: int = 0  # of those, accepted
+    answer_proposed_tokens: int = 0  # answer tokens proposed in span passes, every source's (was suffix_proposed_tokens)
+    answer_accepted_tokens: int = 0  # of those, accepted (was suffix_accepted_tokens)
     verify_passes: int = 0  # score passes over a draft or an answer span
     cot_proposed_tokens: int = 0  # CoT tokens proposed by the proposer (CoT speculation)
     cot_accepted_tokens: int = 0  # of those, accepted
@@ -73,9 +80,9 @@ class Metrics:
                 f"draft {self.draft_tokens} tok {s['draft']:.2f}s, "
                 f"accepted prefix {self.accepted_prefix_tokens}, verify {s['verify']:.2f}s"
             )
-        if self.suffix_proposed_tokens:
+        if self.answer_proposed_tokens:
             parts.append(
-                f"spans accepted {self.suffix_accepted_tokens}/{self.suffix_proposed_tokens} "
+                f"spans accepted {self.answer_accepted_tokens}/{self.answer_proposed_tokens} "
                 f"in {self.verify_passes} passes"
             )
         parts.append(f"continuation {s['continuation']:.2f}s")
@@ -98,8 +105,8 @@ class Metrics:
                          f"{self.draft_tokens} tokens kept")
         elif self.mode in DRAFT_MODES:
             parts.append(_no_draft_reason(self.policy.get("explain", {})))
-        if self.suffix_accepted_tokens:
-            parts.append(f"{self.suffix_accepted_tokens} answer tokens copied from earlier text (prompt, reasoning, "
+        if self.answer_accepted_tokens:
+            parts.append(f"{self.answer_accepted_tokens} answer tokens copied from earlier text (prompt, reasoning, "
                          f"draft) and checked in {self.verify_passes} passes instead of decoded one by one")
         elif self.mode != "ar":
             parts.append("nothing to copy from the prompt or reasoning")

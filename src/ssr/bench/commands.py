@@ -8,7 +8,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from ..config import MODES, ConfigError, GenerationConfig
+from ..config import MODE_TABLE, MODES, ConfigError, GenerationConfig
 from ..engines import ENGINES, load_engine
 from .report import (attach_quality, drafting_table, format_drafting, format_table, load_rows, summarise,
                      write_report)
@@ -41,6 +41,10 @@ def build_report(rows: list[dict], out_dir: Path, data_dir: Path | None, note: s
 def _modes(text: str, flag: str) -> list[str]:
     """A comma-separated list of known modes, or a clear error naming the flag."""
     modes = [m.strip() for m in text.split(",") if m.strip()]
+    replayed = [m for m in modes if m in MODE_TABLE and MODE_TABLE[m].replays_as]
+    if replayed:
+        raise ConfigError(f"{flag}: {', '.join(replayed)} replay only, on traces (ssr traces --modes); the engines "
+                          f"run {', '.join(MODES)}")
     unknown = [m for m in modes if m not in MODES]
     if unknown or not modes:
         raise ConfigError(f"{flag}: unknown {', '.join(unknown) or 'empty list'}; choose from {', '.join(MODES)}")

@@ -23,8 +23,7 @@ HOST_TIME = "the loop's host time on the modelled clock is --host-time (--host i
 
 def add_replay_commands(commands) -> None:
     """`simulate` (bench rows under a cost model) and `traces` (text traces in every mode)."""
-    from .peers import REPLAY_PEERS
-    from .trace_replay import TRACE_MODES
+    from ..config import MODE_TABLE, TRACE_MODES
 
     sim = commands.add_parser("simulate", help="replay bench traces under a cost model; projected ratios to ar")
     sim.add_argument("--traces", nargs="+", required=True, help="bench folders or JSONL files")
@@ -66,9 +65,9 @@ def add_replay_commands(commands) -> None:
                     '"reasoning_content"}}]}}; or a served request {"messages", "reasoning", "answer", "model"}.')
     traces.add_argument("files", nargs="+", help="trace files or logs (.jsonl, .jsonl.gz)")
     traces.add_argument("--modes", default=",".join(TRACE_MODES),
-                        help="comma-separated, from ar, ssr, paper (the CoT decoded plainly), the peers (suffix, "
-                             "ngram-v1, pld, " + ", ".join(REPLAY_PEERS) + ") and oracle (the limit: with hindsight, "
-                             "the longest copy of what comes next a pass); default all")
+                        help="comma-separated, default all (a trace holds no draft child's text: ssr replays its "
+                             "speculation alone): " + "; ".join(
+                            f"{name}: {MODE_TABLE[name].summary}" for name in TRACE_MODES))
     traces.add_argument("--orders", default="cold,deployment",
                         help="cold (each trace alone) and/or deployment (file order, earlier responses cached)")
     traces.add_argument("--cost-model", default="gpu",

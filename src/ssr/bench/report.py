@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from ..config import DRAFT_MODES
-from ..metrics import STAGES
+from ..metrics import STAGES, current_names
 from .sources import ANSWER_SOURCES, COT_SOURCES, sources_table
 
 MODE_ORDER = ("ar", "ssr", "ssr-prefix", "ssr-suffix", "paper", "suffix", "pld", "ngram", "ngram-v1", "vllm-ngram",
@@ -32,9 +32,12 @@ def load_rows(paths: Iterable[Path]) -> list[dict]:
         path = path / "runs.jsonl" if path.is_dir() else path
         for line in path.read_text(encoding="utf-8").splitlines():
             try:
-                rows.append(json.loads(line))
+                row = json.loads(line)
             except json.JSONDecodeError:
                 continue  # a line cut by Ctrl-C
+            if isinstance(row.get("metrics"), dict):
+                row["metrics"] = current_names(row["metrics"])
+            rows.append(row)
     return rows
 
 
@@ -114,7 +117,7 @@ def summarise(rows: list[dict]) -> list[dict]:
                             for name, by_group in stage_ratios.items()},
             "mean_cot_accepted": statistics.mean(m.get("cot_accepted_tokens", 0) for m in metrics),
             "mean_accepted_prefix": statistics.mean(m["accepted_prefix_tokens"] for m in metrics),
-            "mean_suffix_accepted": statistics.mean(m["suffix_accepted_tokens"] for m in metrics),
+            "mean_answer_accepted": statistics.mean(m["answer_accepted_tokens"] for m in metrics),
             "mean_answer_tokens": statistics.mean(m["answer_tokens"] for m in metrics),
             "quality": statistics.mean(scored) if scored else None,
             "identical": sum(bool(r["identical"]) for r in group),
@@ -147,7 +150,7 @@ def _fmt(value: float | None, digits: int = 2) -> str:
 def format_table(table: list[dict], markdown: bool = False) -> str:
     """Plain text for the terminal, or a markdown table."""
     columns = ["suite", "mode", "runs", "median s", "1st answer s", "ratio to ar (95% CI)", "cot ratio",
-               "answer ratio", "cot acc", "prefix acc", "suffix acc", "answer tok", "host ms/pass", "quality",
+               "answer ratio", "cot acc", "prefix acc", "span acc", "answer tok", "host ms/pass", "quality",
                "identical"]
     lines = []
     for t in table:
@@ -156,7 +159,7 @@ def format_table(table: list[dict], markdown: bool = False) -> str:
             f"{t['ratio_to_ar']:.3f} ({ci[0]:.3f}-{ci[1]:.3f})" if ci else f"{t['ratio_to_ar']:.3f}")
         lines.append([t["suite"], t["mode"], str(t["runs"]), _fmt(t["median_s"]), _fmt(t["median_first_answer_s"]),
                       ratio, _fmt(t["stage_ratio"]["cot"], 3), _fmt(t["stage_ratio"]["answer"], 3),
-                      _fmt(t["mean_cot_accepted"], 1), _fmt(t["mean_accepted_prefix"], 1), _fmt(t["mean_suffix_accepted"], 1),
+                      _fmt(t["mean_cot_accepted"], 1), _fmt(t["mean_accepted_prefix"], 1), _fmt(t["mean_answer_accepted"], 1),
                       _fmt(t["mean_answer_tokens"], 1), _fmt(t["host_ms_per_pass"], 3), _fmt(t["quality"]),
                       f"{t['identical']}/{t['runs']}"])
     return render_table(columns, lines, markdown)

@@ -34,7 +34,7 @@ from .report import group_name, render_table
 class Replay:
     seconds: dict[str, float] = field(default_factory=lambda: defaultdict(float))  # stage -> modelled s
     accepted_prefix_tokens: int = 0
-    suffix_accepted_tokens: int = 0
+    answer_accepted_tokens: int = 0
     cot_accepted_tokens: int = 0
     answer_tokens: int = 0
     draft_forked: int = 0  # draft children forked
@@ -76,7 +76,7 @@ def replay(row: dict, costs: CostTable, config: GenerationConfig, answer_prefix_
     result = generation.run()
     done = result.metrics
     return Replay(seconds=defaultdict(float, done.seconds), accepted_prefix_tokens=done.accepted_prefix_tokens,
-                  suffix_accepted_tokens=done.suffix_accepted_tokens, cot_accepted_tokens=done.cot_accepted_tokens,
+                  answer_accepted_tokens=done.answer_accepted_tokens, cot_accepted_tokens=done.cot_accepted_tokens,
                   answer_tokens=done.answer_tokens, draft_forked=len(done.stages))
 
 
@@ -186,7 +186,7 @@ def simulate(rows: list[dict], costs: CostTable, config: GenerationConfig, spans
                     "modelled_stages": dict(result.seconds),
                     "draft_forked": bool(result.draft_forked),
                     "accepted_prefix": (result.accepted_prefix_tokens, row["metrics"]["accepted_prefix_tokens"]),
-                    "suffix_accepted": (result.suffix_accepted_tokens, row["metrics"]["suffix_accepted_tokens"])})
+                    "answer_accepted": (result.answer_accepted_tokens, row["metrics"]["answer_accepted_tokens"])})
     return out
 
 

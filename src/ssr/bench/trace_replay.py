@@ -33,7 +33,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from ..config import ConfigError, GenerationConfig
+from ..config import MODE_TABLE, TRACE_MODES, ConfigError, GenerationConfig
 from ..pricing.costs import CostModel, CostTable
 from ..loop import Generation
 from ..pricing.drafting import Plan, PolicyStats
@@ -44,8 +44,6 @@ from .replay import REPLAY_FORMAT, ReplayEngine, RowModel, TreeReplayEngine
 from .traces import TokenTrace
 from .turns import part_runs
 
-TRACE_MODES = ("ar", "ssr", "paper", "suffix", "ngram-v1", "pld", *REPLAY_PEERS, "oracle")
-OWN_PROPOSER = ("oracle", *REPLAY_PEERS)  # modes replayed with their own proposer in a peer's loop
 RENAMED = {"ngram": "ngram-v1 (vLLM's V1 runner; vllm-ngram is its default runner's rule)"}
 ORDERS = ("cold", "deployment")
 _BIG = 1 << 16  # budgets no trace reaches: the trace decides where its CoT and answer end
@@ -66,10 +64,9 @@ def mode_config(mode: str) -> GenerationConfig:
         raise ConfigError(f"--modes: {mode!r} is now {RENAMED[mode]}")
     if mode not in TRACE_MODES:
         raise ConfigError(f"--modes: unknown {mode!r}; choose from {', '.join(TRACE_MODES)}")
-    # the oracle and the replay-only peers: a peer's loop (no draft child), their own proposer
-    loop_mode = {"paper": "ssr", "ngram-v1": "ngram"}.get(mode, "suffix" if mode in OWN_PROPOSER else mode)
-    base = GenerationConfig(mode=loop_mode, thinking_budget=_BIG, max_tokens=_BIG // 2, repetition_stop=0)
-    return replace(base, cot_spans=False) if mode == "paper" else base
+    row = MODE_TABLE[mode]  # the oracle and the replay-only peers: a peer's loop (no child), their own proposer
+    base = GenerationConfig(mode=row.replays_as or mode, thinking_budget=_BIG, max_tokens=_BIG // 2, repetition_stop=0)
+    return base if row.cot_spans else replace(base, cot_spans=False)
 
 
 CANDIDATES = ("tree", "forks", "chain")  # how the replayed engine verifies several candidates a pass

@@ -90,4 +90,4 @@ def record_speculation(metrics, trace: list[dict], phase: str, request, source: 
     if phase == "cot":
         metrics.cot_proposed_tokens, metrics.cot_accepted_tokens = drafted, summary["accepted_in_output"]
     else:
-        metrics.suffix_proposed_tokens, metrics.suffix_accepted_tokens = drafted, summary["accepted_in_output"]
+        metrics.answer_proposed_tokens, metrics.answer_accepted_tokens = drafted, summary["accepted_in_output"]

@@ -237,8 +237,8 @@ class Generation(Walk):
             outcome = self.candidates.verify(pending, candidates)  # 2. score 3. verify
             self.seqs.truncate(self.seqs.parent, outcome.base + 1 + outcome.verdict.num_accepted)  # 4. commit
             self.metrics.verify_passes += 1
-            self.metrics.suffix_proposed_tokens += len(outcome.span)
-            self.metrics.suffix_accepted_tokens += outcome.verdict.num_accepted
+            self.metrics.answer_proposed_tokens += len(outcome.span)
+            self.metrics.answer_accepted_tokens += outcome.verdict.num_accepted
             self._observe(outcome, self.spans, "span", len(answer), self.seqs.now() - outcome.start_s)  # 5. observe
             yield from self.commit(outcome.committed, proposer)
 

@@ -139,8 +139,8 @@ class _Legacy:
         ("ssr:draft_children", "Draft children forked from a partial chain of thought.", "drafts"),
         ("ssr:draft_child_tokens", "Answer tokens written by draft children.", "draft_tokens"),
         ("ssr:accepted_prefix_tokens", "Draft tokens accepted as the answer's prefix.", "accepted_prefix_tokens"),
-        ("ssr:suffix_proposed_tokens", "Tokens proposed by suffix decoding.", "suffix_proposed_tokens"),
-        ("ssr:suffix_accepted_tokens", "Suffix-decoding tokens accepted.", "suffix_accepted_tokens"),
+        ("ssr:answer_proposed_tokens", "Answer tokens proposed in span passes (every source).", "answer_proposed_tokens"),
+        ("ssr:answer_accepted_tokens", "Of those, accepted.", "answer_accepted_tokens"),
         ("ssr:reasoning_tokens", "Chain-of-thought tokens.", "reasoning_tokens"),
     )
     OUTCOMES = ("ok", "cancelled", "timed_out", "rejected", "invalid", "failed")
@@ -154,8 +154,8 @@ class _Legacy:
         with self.stats.lock:
             c = dict(self.stats.counters)
             stages = dict(self.stats.stage_seconds)
-        c["proposed_tokens"] = c.get("verified_draft_tokens", 0) + c.get("suffix_proposed_tokens", 0)
-        c["accepted_tokens"] = c.get("accepted_prefix_tokens", 0) + c.get("suffix_accepted_tokens", 0)
+        c["proposed_tokens"] = c.get("verified_draft_tokens", 0) + c.get("answer_proposed_tokens", 0)
+        c["accepted_tokens"] = c.get("accepted_prefix_tokens", 0) + c.get("answer_accepted_tokens", 0)
         for name, text, key in self.COUNTERS:
             yield CounterMetricFamily(name, text, value=c.get(key, 0))
         seconds = CounterMetricFamily("ssr:stage_seconds", "Wall seconds per request stage (draft overlaps cot).",
@@ -203,7 +203,7 @@ class RequestLog:
                                                      "first_answer_token": done.first_answer_s, "e2e": done.e2e_s},
                   "tokens": {"prompt": m["prompt_tokens"], "reasoning": m["cot_tokens"], "answer": m["answer_tokens"]},
                   "speculation": {key: m[key] for key in ("cot_passes", "cot_accepted_tokens", "verify_passes",
-                                                          "suffix_accepted_tokens", "accepted_prefix_tokens",
+                                                          "answer_accepted_tokens", "accepted_prefix_tokens",
                                                           "decode_steps", "draft_tokens")}}
         with self._lock:
             if self._file is None:
