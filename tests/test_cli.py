@@ -194,3 +194,14 @@ def test_a_drafting_flag_the_mode_or_policy_ignores_is_named(flags, said, capsys
         assert config.draft_at == 8  # used as given where the plan reads it
     if flags == ["--thinking-budget", "64"]:  # b_d not given, the budget no longer than its default: half of it
         assert config.draft_at == 32
+
+
+def test_every_flag_of_every_command_has_help():
+    import argparse
+
+    from ssr.cli import build_parser
+
+    commands = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    missing = [(name, action.option_strings) for name, parser in commands.choices.items()
+               for action in parser._actions if action.option_strings and action.help is None]
+    assert missing == []

@@ -26,7 +26,7 @@ def add_model_arguments(parser: argparse.ArgumentParser, several_engines: bool =
                         help="transformers engine: cpu, cuda, cuda:1 … (default: cuda when available)")
     parser.add_argument("--dtype", default=None, choices=("float32", "bfloat16", "float16"),
                         help="transformers and vllm engines: weights (default float32 on CPU, bfloat16 on CUDA)")
-    vllm = parser.add_argument_group("vllm engine (passed to vLLM)")
+    vllm = parser.add_argument_group("--engine vllm only (passed to vLLM; refused with another engine)")
     vllm.add_argument("--tensor-parallel-size", type=int, default=1, help="GPUs per model replica (default 1)")
     vllm.add_argument("--pipeline-parallel-size", type=int, default=1, help="pipeline stages (default 1)")
     vllm.add_argument("--gpu-memory-utilization", type=float, default=None,
@@ -60,9 +60,9 @@ def add_generation_arguments(parser: argparse.ArgumentParser, with_mode: bool = 
         parser.add_argument("--mode", default=defaults.mode, choices=MODES,
                             help="; ".join(f"{name}: {MODE_TABLE[name].summary}" for name in MODES))
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    parser.add_argument("--top-p", type=float, default=1.0)
-    parser.add_argument("--top-k", type=int, default=0)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--top-p", type=float, default=1.0, help="sampling: nucleus mass kept, (0, 1] (default 1)")
+    parser.add_argument("--top-k", type=int, default=0, help="sampling: most likely tokens kept (default 0: all)")
+    parser.add_argument("--seed", type=int, default=0, help="sampling: the request's random seed (default 0)")
     parser.add_argument("--max-tokens", type=int, default=defaults.max_tokens, help="answer tokens at most")
     parser.add_argument("--thinking-budget", type=int, default=defaults.thinking_budget,
                         help="b_v: CoT tokens before the end of thinking is forced")
