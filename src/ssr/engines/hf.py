@@ -22,7 +22,6 @@ avoided here:
   keys add exact zeros, and the sum over keys runs in blocks of 64 added one after
   another (one matmul over all keys reduces a longer key length in another order on
   AVX-512 CPUs: a prefill after a kept prefix differed from a cold one by 3e-5);
-- a pass's queries per row are a multiple of `min_rows`, the row counts checked below;
 - matmuls with many rows take other kernels again (torch's CPU sgemm on this machine:
   112 rows and fewer agree with 16, 113 and more do not, for Qwen2.5-0.5B's 896-wide
   layers, 64 and more for SmolLM2's 1536-wide down projection) -> a pass feeds at most
@@ -313,7 +312,7 @@ class TransformersEngine(SequenceSlots):
         """Feeding each (seq, tokens) row -> logits [total tokens, vocab], or with ids the argmax of
         each [total tokens]: one forward pass, or several where it would feed more than max_rows
         queries (rows apart, a long row's tokens in order; the results as one pass's)."""
-        queries = self._queries(rows)
+        queries = max(self.min_rows, max(len(tokens) for _, tokens in rows))
         if len(rows) * queries <= self.max_rows:
             return self._pass(rows, want_logits, ids, banned)
         if len(rows) > 1:
@@ -324,12 +323,6 @@ class TransformersEngine(SequenceSlots):
                      for start in range(0, len(tokens), size)]
         return np.concatenate(parts) if want_logits else parts[-1]
 
-    def _queries(self, rows: Sequence[tuple[int, list[int]]]) -> int:
-        """Queries a pass feeds per row: its longest feed rounded up to a multiple of min_rows, the
-        counts invariant_rows checked (a matmul of 35 rows takes another kernel tail than one of
-        48 on AVX-512 CPUs: a prefill after a kept prefix differed from a cold one by 3e-5)."""
-        return -(-max(len(tokens) for _, tokens in rows) // self.min_rows) * self.min_rows
-
     def _pass(self, rows: Sequence[tuple[int, list[int]]], want_logits: bool, ids: bool,
               banned) -> np.ndarray:
         """One forward pass feeding each (seq, tokens) row -> logits [total tokens, vocab], or with
@@ -339,7 +332,7 @@ class TransformersEngine(SequenceSlots):
         for (seq, tokens), start in zip(rows, starts):
             if start + len(tokens) > self.context_size:
                 raise EngineError(f"the KV cache is full ({self.context_size} tokens); raise --context-size")
-        queries = self._queries(rows)  # padded with throw-away tokens
+        queries = max(self.min_rows, max(len(tokens) for _, tokens in rows))  # padded with throw-away tokens
         key_length = -(-(max(starts) + queries) // KEY_BLOCK) * KEY_BLOCK
         if key_length > self._cache.capacity:  # doubling: copies stay linear in the length reached
             self._cache.grow(max(2 * self._cache.capacity, -(-key_length // CAPACITY_BLOCK) * CAPACITY_BLOCK))
