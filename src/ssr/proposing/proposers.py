@@ -278,17 +278,17 @@ class LookupProposer(PromptLookupProposer):
             return self._frequent(set(), limit)
         size, after = sizes[0], lambda start, n: tokens[start + n: start + n + limit]
         earliest, (latest, second) = self._first[tuple(tokens[end - size:])], self._before[size]
-        out = [(Source("lookup", size), after(earliest, size))]
+        out = [(Source.of("lookup", size), after(earliest, size))]
         if latest != earliest:
-            out.append((Source("recent", size), after(latest, size)))
+            out.append((Source.of("recent", size), after(latest, size)))
         offered = {span[0] for _, span in out}
         if second is not None and second != earliest and (span := after(second, size))[0] not in offered:
-            out.append((Source("recent", size), span))
+            out.append((Source.of("recent", size), span))
             offered.add(span[0])
         for shorter in sizes[1:]:  # a shorter match whose latest occurrence goes another way
             span = after(self._before[shorter][0], shorter)
             if span[0] not in offered:
-                out.append((Source("recent", shorter), span))
+                out.append((Source.of("recent", shorter), span))
                 offered.add(span[0])
                 break
         return out + self._other_ways(sizes, offered, limit) + self._frequent(offered, limit)
@@ -304,14 +304,14 @@ class LookupProposer(PromptLookupProposer):
                     return out
                 if token not in offered:
                     offered.add(token)
-                    out.append((Source("other", size), tokens[start + size: start + size + limit]))
+                    out.append((Source.of("other", size), tokens[start + size: start + size + limit]))
         return out
 
     def _frequent(self, offered: set[int], limit: int) -> list[tuple[Source, list[int]]]:
         """The context's most frequent tokens no candidate offers yet, most frequent first, each
         followed by what followed its latest occurrence ("frequent": no context matched)."""
         tokens, latest = self.tokens, self._latest
-        return [(Source("frequent"), tokens[start: start + limit]) for token in self.frequent.top
+        return [(Source.of("frequent"), tokens[start: start + limit]) for token in self.frequent.top
                 if token not in offered and (start := latest[(token,)][0]) is not None]
 
 

@@ -2,7 +2,8 @@
 with the prior its first token starts from. Its string is for traces and tables only."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import cache
 
 from .suffix_tree import MATCH_BUCKETS
 
@@ -16,15 +17,32 @@ NAMED_NO_MATCH_PRIOR = 0.9  # the first token's prior for other sources that nam
 
 @dataclass(frozen=True)
 class Source:
+    """Proposers name their candidates with `Source.of` / `Source.suffix`: one object per value, so
+    the span policy's per-pass dict lookups find their key by identity (a value built with
+    `Source(...)` is equal and hashes alike, only slower to look up)."""
+
     kind: str  # "suffix" (the suffix tree), "lookup" (an n-gram's earliest occurrence), "recent" (a later
     #            one), "other" (another way the n-gram went), "frequent", or a peer's or the oracle's name
     match: int | None = None  # tokens of context its spans follow at least (None: it names no match)
     alternative: bool = False  # another branch of the suffix tree after the same match than its best
+    _hash: int = field(init=False, repr=False, compare=False, default=0)  # hash of the three above, once
 
-    @classmethod
-    def suffix(cls, bucket: int, alternative: bool = False) -> Source:
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_hash", hash((self.kind, self.match, self.alternative)))
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    @staticmethod
+    @cache
+    def of(kind: str, match: int | None = None, alternative: bool = False) -> Source:
+        """The one Source of these values."""
+        return Source(kind, match, alternative)
+
+    @staticmethod
+    def suffix(bucket: int, alternative: bool = False) -> Source:
         """A suffix-tree span after a match in this bucket (suffix_tree.match_bucket)."""
-        return cls("suffix", SUFFIX_MATCHES[min(bucket, len(SUFFIX_MATCHES) - 1)], alternative)
+        return Source.of("suffix", SUFFIX_MATCHES[min(bucket, len(SUFFIX_MATCHES) - 1)], alternative)
 
     @property
     def prior(self) -> float:
