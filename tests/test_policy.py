@@ -3,7 +3,7 @@ import pytest
 
 from ssr.pricing.costs import CostModel
 from ssr.pricing.span_policy import AcceptanceStats, best_span_length
-from ssr.proposing.source import NO_SOURCE, Source
+from ssr.proposing.source import Source
 
 BAD, GOOD = Source("bad"), Source("good")  # sources of spans always rejected, always accepted
 SUFFIX, LOOKUP = Source("suffix"), Source("lookup")
@@ -371,26 +371,6 @@ def test_requests_hand_their_span_acceptance_to_the_next():
     assert plain.spans == {}  # the peers cut nothing: nothing to learn
 
 
-PRIORS = [  # (source, its name in traces, its first-token prior): m / (m + 2) for m tokens matched
-    (Source("lookup", 1), "lookup/1", 1 / 3), (Source("recent", 2), "recent/2", 2 / 4),
-    (Source("lookup", 3), "lookup/3", 3 / 5), (Source("other", 2), "other/2", 2 / 4),
-    (Source.suffix(0), "suffix/0", 1 / 3), (Source.suffix(1), "suffix/1", 4 / 6),
-    (Source.suffix(2, alternative=True), "suffix/2~", 8 / 10), (Source.suffix(3), "suffix/3", 16 / 18),
-    (Source.suffix(9), "suffix/3", 16 / 18),  # past the last bucket: its shortest match
-    (Source("suffix"), "suffix", 0.9), (Source("draft"), "draft", 0.9), (NO_SOURCE, "", 0.9),  # no match named
-    (Source("frequent"), "frequent", 0.05),  # follows no match: its own measured prior (UNMATCHED_PRIORS)
-]
-
-
-@pytest.mark.parametrize("source,name,prior", PRIORS, ids=[p[1] or "unnamed" for p in PRIORS])
-def test_first_token_prior_follows_the_match_length(source, name, prior):
-    from ssr.pricing.span_policy import SpanPolicy
-
-    assert source.prior == pytest.approx(prior) and str(source) == name
-    stats = SpanPolicy(CPU_LIKE).stats[source]  # a new source starts from its own prior
-    assert stats.prior_first == pytest.approx(prior) and stats.probs(1) == pytest.approx([prior])
-
-
 def test_short_matches_are_not_tried_on_the_prior_where_a_failed_token_costs_half_a_step():
     """On CPU-like costs a 1-token lookup (prior 1/3) is not verified until a source shows it
     pays, a 16+ token suffix match (prior 8/9) is; where a pass of k tokens costs a step
@@ -401,5 +381,6 @@ def test_short_matches_are_not_tried_on_the_prior_where_a_failed_token_costs_hal
     assert SpanPolicy(half_step).cut([1] * 8, Source("lookup", 1)) == []
     assert SpanPolicy(half_step).cut([1] * 8, Source.suffix(3)) != []
     assert SpanPolicy(GPU_LIKE).cut([1] * 8, Source("lookup", 1)) != []
-    carried = SpanPolicy(half_step, {Source("lookup", 1): SpanPolicy(half_step).stats[Source("lookup", 1)]}).stats[Source("lookup", 1)]
+    one = Source("lookup", 1)
+    carried = SpanPolicy(half_step, {one: SpanPolicy(half_step).stats[one]}).stats[one]
     assert carried.prior_first == pytest.approx(1 / 3)  # carried to the next request with its prior

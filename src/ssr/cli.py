@@ -10,9 +10,9 @@ import json
 import os
 import sys
 
-from .bench.parsers import Renamed, add_replay_commands
+from .bench.parsers import add_replay_commands
 from .config import MODES, ConfigError
-from .flags import add_generation_arguments, add_model_arguments, generation_config, vllm_options
+from .flags import Renamed, add_generation_arguments, add_model_arguments, generation_config, vllm_options
 from .models import REGISTRY
 
 ENGINE_INSTALL = {"llama.cpp": "pip install llama-cpp-python==0.3.36", "transformers": "pip install 'ssr[torch]'",

@@ -150,6 +150,12 @@ class GenerationConfig:
         return MODE_TABLE[self.mode].drafts
 
     @property
+    def chooses_spans(self) -> bool:
+        """The span policy chooses among the sources and cuts each span (the ssr modes, unless
+        --all-spans); the peers verify what their one proposer proposes."""
+        return self.adaptive_spans and self.uses_draft
+
+    @property
     def verifies_draft_prefix(self) -> bool:
         """Modes that verify the draft as a prefix of the answer in one pass."""
         return MODE_TABLE[self.mode].verifies_draft

@@ -11,6 +11,18 @@ from .engines import ENGINES
 from .formats.thinking import TEMPLATE_CHOICES
 from .models import DEFAULT_MODEL, REGISTRY
 
+class Renamed(argparse.Action):
+    """A flag name that means something else in another command: refused here with the name to use
+    (one meaning per flag name across commands). Hidden from help."""
+
+    def __init__(self, option_strings, dest, now: str, **kwargs) -> None:
+        self.now = now  # what to say instead
+        super().__init__(option_strings, dest, nargs="?", help=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        parser.error(f"{option_string} is not an option here: {self.now}")
+
+
 def add_model_arguments(parser: argparse.ArgumentParser, several_engines: bool = False) -> None:
     parser.add_argument("--model", default=DEFAULT_MODEL,
                         help=f"registry name ({', '.join(REGISTRY)}) or a .gguf path; with --engine transformers or vllm "

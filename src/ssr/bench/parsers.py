@@ -1,22 +1,8 @@
 """The parsers of `ssr simulate` and `ssr traces` (the replays), kept apart from cli.py."""
 from __future__ import annotations
 
-import argparse
-
+from ..flags import Renamed
 from ..models import DEFAULT_MODEL
-
-
-class Renamed(argparse.Action):
-    """A flag name that means something else in another command: refused here with the name to use
-    (one meaning per flag name across commands). Hidden from help."""
-
-    def __init__(self, option_strings, dest, now: str, **kwargs) -> None:
-        self.now = now  # what to say instead
-        super().__init__(option_strings, dest, nargs="?", help=argparse.SUPPRESS, **kwargs)
-
-    def __call__(self, parser, namespace, values, option_string=None) -> None:
-        parser.error(f"{option_string} is not an option here: {self.now}")
-
 
 HOST_TIME = "the loop's host time on the modelled clock is --host-time (--host is ssr serve's listen address)"
 

@@ -77,7 +77,7 @@ def _lay_steps(steps: Sequence[int], accepted: list[int], drafted: list[int]) ->
 
 def record_speculation(metrics, trace: list[dict], phase: str, request, source: str, start: int, used: int) -> None:
     """One request's speculation into the walk's trace and metrics: engine["speculation"][phase]
-    (the summary) and the table's columns (cot_* for the CoT request, suffix_* for the answer's:
+    (the summary) and the table's columns (cot_* for the CoT request, answer_* for the answer's:
     tokens vLLM drafted and accepted, as on the sequence engines). request: engines.vllm.Request."""
     stats = request.speculation
     events, summary = speculation_events(

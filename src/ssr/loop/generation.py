@@ -73,8 +73,8 @@ class Generation(Walk):
         self.verifier = Verifier(config)
         self.children = DraftChildren(self.seqs, self.verifier, config, self.plan,
                                       self.forced_end_ids + self.answer_prefix_ids, engine.eos_ids, self.clock)
-        self.candidates = CandidatePass(self.seqs, self.verifier, spec, config.adaptive_spans and config.uses_draft,
-                                        self.children, self.metrics)
+        self.candidates = CandidatePass(self.seqs, self.verifier, spec, config.chooses_spans, self.children,
+                                        self.metrics)
         self.check_context(config.suffix.max_span + 1 + (self.plan.draft_tokens if self.plan.draft else 0),
                            " + draft tokens" if config.uses_draft else "")
 
@@ -109,7 +109,7 @@ class Generation(Walk):
             yield tail
         self.metrics.total_s = clock.now()
         stage_metrics(self.metrics, drafts)
-        if self.stats is not None and self.config.adaptive_spans and self.config.uses_draft:
+        if self.stats is not None and self.config.chooses_spans:
             self.stats.spans.update(answer=dict(self.spans.stats), cot=dict(self.cot_spans.stats))
         self.finish(drafts[-1].token_ids if drafts else [], self.costs)
         if self.history is not None:

@@ -44,7 +44,7 @@ def decide(engine, config: GenerationConfig, costs: CostModel) -> Speculation:
     feeds several sequences, as one chain picked among them where it holds one sequence a request."""
     beside = shares_passes(engine) and config.proposer is not None
     extend = span_extension(costs, config.suffix.max_span)  # not None: verification is cheap
-    if not (beside and extend is not None and config.adaptive_spans and config.uses_draft):
+    if not (beside and extend is not None and config.chooses_spans):
         return Speculation(beside, extend, Layout.ONE, 1)
     if tree_passes(engine):
         return Speculation(beside, extend, Layout.TREE, MAX_TREE_CANDIDATES)

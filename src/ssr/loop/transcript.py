@@ -92,7 +92,3 @@ class Transcript:
         """The answer text held back at the end."""
         tail = self.answer.flush()
         return Chunk("answer", tail, ()) if tail else None
-
-    @property
-    def output_ids(self) -> list[int]:
-        return self.cot_ids + self.forced_ids + self.answer_ids
