@@ -171,3 +171,33 @@ def test_a_tree_prices_a_span_by_where_it_parts_from_the_chosen_ones(tree, expec
     policy = SpanPolicy(CostModel(step_s=1.0, token_s=0.05), stats)
     candidates = [("a", [1] * 8), ("b", [1] * 4 + [2] * 4), ("c", [3] * 8)]
     assert [source for source, _ in policy.choose_many(candidates, 4, tree=tree)] == expected
+
+
+@pytest.mark.parametrize("probs,worth,token_s,expected", [
+    ([0.9, 0.5, 0.2, 0.05], 0.5, 0.05, 3),  # 0.45, 0.25, 0.10 pay for 0.05 a node; 0.025 does not
+    ([0.9, 0.5, 0.2, 0.05], 0.5, 0.0, 4),  # nodes that cost nothing all pay
+    ([0.9, 0.5, 0.2, 0.05], 0.05, 0.05, 0),  # where the chosen ones seldom miss, none does
+    ([0.9, 0.5, 0.2, 0.05], 0.5, 0.2, 2),  # dearer nodes: fewer
+    ([], 0.5, 0.05, 0),
+])
+def test_a_candidate_beside_the_chosen_ones_keeps_the_nodes_that_pay(probs, worth, token_s, expected):
+    from ssr.pricing.span_policy import SpanPolicy
+
+    policy = SpanPolicy(CostModel(step_s=1.0, token_s=token_s))
+    assert policy._paying(probs, worth, policy.costs.costs(8), fed=3) == expected
+
+
+@pytest.mark.parametrize("token_s,kept", [(0.0, 8), (0.01, 2), (0.04, 0)])
+def test_a_tree_cuts_a_candidate_beside_the_chosen_one_where_its_nodes_stop_paying(token_s, kept):
+    """a's first token is right 94% of the time; c parts from it at once and each of its tokens is
+    right half the time after the ones before (0.5, 0.25, 0.125, ...), worth that x a's 6.4% miss
+    a step (0.032, 0.016, 0.008, ...): at 1% of a step a node, c keeps two tokens; at 4%, none."""
+    from ssr.pricing.span_policy import AcceptanceStats, SpanPolicy
+
+    halving = AcceptanceStats(prior_weight=1e-9, decay=1.0)
+    for accepted in range(9):
+        for _ in range(2 ** (8 - accepted) if accepted < 8 else 2):
+            halving.observe(8, accepted)
+    policy = SpanPolicy(CostModel(step_s=1.0, token_s=token_s), {"a": _whole_or_nothing(0.9), "c": halving})
+    chosen = policy.choose_many([("a", [1] * 8), ("c", [3] * 8)], 4, tree=True)
+    assert [(source, len(span)) for source, span in chosen] == [("a", 8)] + ([("c", kept)] if kept else [])

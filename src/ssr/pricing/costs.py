@@ -339,8 +339,10 @@ class CostModel:
         """table.score(num_tokens) (context-free), from a list built once per table and length."""
         scores = getattr(self, "_scores", None)
         if scores is None or getattr(self, "_scores_of", None) is not self.table or len(scores) < num_tokens:
+            known = len(scores) if scores is not None and self._scores_of is self.table else 0
+            longest = max(num_tokens, 2 * known, 128)  # doubled: a tree's passes ask for one more token at a time
+            self._scores = scores = [self.table.score(k) for k in range(1, longest + 1)]  # [k - 1]
             self._scores_of = self.table
-            self._scores = scores = [self.table.score(k) for k in range(1, max(num_tokens, 128) + 1)]  # [k - 1]
         return scores[num_tokens - 1]
 
     def step(self, num_sequences: int) -> float:

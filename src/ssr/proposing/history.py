@@ -66,6 +66,11 @@ class ResponseHistory:
             self._kept[name] = make()
         return self._kept[name]
 
+    def renew(self, name: str, make):
+        """kept(name, make) made afresh (a cache that outgrew its bound)."""
+        self._kept[name] = make()
+        return self._kept[name]
+
     NATIVE_REQUESTS = 10000  # responses the C++ trees keep (vLLM's suffix cache: 10,000 requests)
 
     def native(self, max_depth: int):

@@ -83,7 +83,6 @@ class CompetingProposers:
             proposer.add_source(token_ids)
 
     def propose(self, max_tokens: int) -> tuple[list[int], list[float] | None]:
-        """The first source's proposal."""
         for proposer in self.proposers.values():
             span, probs = proposer.propose(max_tokens)
             if span:
@@ -129,8 +128,7 @@ class ArcticSuffixProposer(OneSource):
 
 
 def suffix_peer(prompt: Sequence[int], history: ResponseHistory | None) -> Proposer:
-    """The `suffix` peer: arctic-inference's tree where it is installed (the real thing), else
-    ssr's Python tree with the same defaults (tested against each other)."""
+    """The `suffix` peer: arctic-inference's tree where installed, else ssr's Python tree (tested alike)."""
     try:
         return ArcticSuffixProposer(PEER_SUFFIX, prompt, history)
     except ImportError:
@@ -362,9 +360,8 @@ ALTERNATIVES = 4  # the suffix tree's further branches offered as candidates whe
 
 def ssr_suffix(params: SuffixParams, prompt_ids: Sequence[int], history: ResponseHistory | None,
                extend_prob: float | None, alternatives: int = 0) -> Proposer:
-    """ssr's suffix source: on arctic-inference's C++ tree where it is installed (suffix_native;
-    with `alternatives`, further candidates from the tree's other branches), else on ssr's own
-    Python tree (tests/test_suffix_native.py checks them against each other)."""
+    """ssr's suffix source: on arctic-inference's C++ tree where installed (suffix_native; with `alternatives`,
+    the tree's other branches too), else on ssr's own Python tree (tests/test_suffix_native.py)."""
     try:
         from .suffix_native import NativeSuffixProposer
 
@@ -380,17 +377,20 @@ FREQUENT = 8  # the context's most frequent tokens offered as candidates there t
 def request_proposer(config, extend_prob: float | None, prompt_ids: Sequence[int],
                      history: ResponseHistory | None, several: bool = False, trees: bool = False) -> Proposer | None:
     """One proposer for a request's output, seeded with the prompt (drafts join at the close).
-    ssr: its suffix tree (spans past the match length with `extend_prob`, see
-    spans.span_extension) and n-gram lookup compete; with `several` (several candidates verified
-    per pass) the suffix tree's other branches are candidates too (on arctic-inference's tree,
-    where installed); the peers as their users run them."""
+    ssr: its suffix tree (spans past the match length with `extend_prob`) and n-gram lookup
+    compete; with `several` (several candidates a pass) the suffix tree's other branches too;
+    with `trees` (one token tree a pass) lookup's other ways and frequent tokens, and the recency
+    trie's draft tree (trie.py). The peers as their users run them."""
     kind = config.proposer
     if kind == "suffix" and config.uses_draft:
+        from .trie import TrieProposer  # (it imports this module)
         params = config.suffix
-        return CompetingProposers({
-            "suffix": ssr_suffix(params, prompt_ids, history, extend_prob, ALTERNATIVES if several else 0),
-            "lookup": LookupProposer(prompt_ids, 3, params.max_span, OTHER_WAYS if trees else 0,
-                                     FREQUENT if trees else 0)})
+        parts = {"suffix": ssr_suffix(params, prompt_ids, history, extend_prob, ALTERNATIVES if several else 0),
+                 "lookup": LookupProposer(prompt_ids, 3, params.max_span, OTHER_WAYS if trees else 0,
+                                          FREQUENT if trees else 0)}
+        if trees:
+            parts["trie"] = TrieProposer(prompt_ids, history)
+        return CompetingProposers(parts)
     if kind == "suffix":
         return suffix_peer(prompt_ids, history)
     if kind == "pld":

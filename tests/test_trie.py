@@ -1,0 +1,130 @@
+"""The recency trie (proposing/trie.py) against brute force over the token stream itself: the
+windows it holds, the order it keeps their continuations in, and the draft tree it builds."""
+from __future__ import annotations
+
+import random
+from collections import deque
+
+import pytest
+
+from ssr.proposing.history import ResponseHistory
+from ssr.proposing.source import Source
+from ssr.proposing.trie import MAX_BREADTH, MIN_BREADTH, RecencyTrie, TrieProposer
+
+
+def windows(stream: list[int], depth: int) -> set[tuple[int, ...]]:
+    return {tuple(stream[i:j]) for j in range(1, len(stream) + 1) for i in range(max(0, j - depth), j)}
+
+
+def followers(stream: list[int], gram: tuple[int, ...], depth: int) -> list[int]:
+    """Tokens that followed `gram` (a window of gram + token fits the depth), the latest first:
+    by the last position each did so."""
+    if len(gram) + 1 > depth:
+        return []
+    last: dict[int, int] = {}
+    n = len(gram)
+    for i in range(n, len(stream)):
+        if tuple(stream[i - n: i]) == gram:
+            last[stream[i]] = i
+    return sorted(last, key=lambda token: -last[token])
+
+
+def brute_tree(stream: list[int], depth: int, nodes: int, max_tokens: int) -> list[tuple[int, list[int]]]:
+    """The draft tree built from the stream itself: (anchor length, path) per leaf, in build order."""
+    scale = (MAX_BREADTH - MIN_BREADTH) / (depth - 1)
+    tree: list[dict[int, int]] = [{}]
+    match = [0]
+    for n in range(min(len(stream), depth - 1), 0, -1):
+        gram = tuple(stream[len(stream) - n:])
+        if not followers(stream, gram, depth) or len(tree) > nodes:
+            continue
+        queue = deque([(0, (depth - 1 - n) * scale + MIN_BREADTH, gram, 0)])
+        while queue and len(tree) <= nodes:
+            at, breadth, path, level = queue.popleft()
+            if level >= max_tokens:
+                continue
+            for token in followers(stream, path, depth)[: max(1, int(breadth))]:
+                if len(tree) > nodes:
+                    break
+                if token not in tree[at]:
+                    tree[at][token] = len(tree)
+                    tree.append({})
+                    match.append(n)
+                queue.append((tree[at][token], breadth - scale, path + (token,), level + 1))
+    leaves, stack = [], [(0, [])]
+    while stack:
+        node, path = stack.pop()
+        if not tree[node]:
+            if path:
+                leaves.append((min(match[node], 8), path))
+            continue
+        stack.extend((child, path + [token]) for token, child in reversed(tree[node].items()))
+    return leaves
+
+
+def nodes_of(node: dict) -> int:
+    return sum(1 + nodes_of(child) for child in node.values())
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_the_trie_holds_every_window_once_in_recency_order(seed):
+    rng = random.Random(seed)
+    depth = rng.choice([2, 3, 5, 18])
+    stream = [rng.randrange(rng.choice([2, 4, 9])) for _ in range(rng.randrange(1, 120))]
+    trie = RecencyTrie(depth)
+    anchors = [trie.root]
+    for token in stream:
+        anchors = trie.write(anchors, token)
+    held = set()
+
+    def walk(node: dict, path: tuple[int, ...]) -> None:
+        assert list(reversed(node)) == followers(stream, path, depth)  # the latest written last
+        for token, child in node.items():
+            held.add(path + (token,))
+            walk(child, path + (token,))
+
+    walk(trie.root, ())
+    assert held == windows(stream, depth)
+    assert trie.nodes == nodes_of(trie.root) == len(held)
+    assert [anchors[n] is _at(trie.root, stream[len(stream) - n:]) for n in range(len(anchors))] == [True] * len(anchors)
+    assert len(anchors) == min(len(stream), depth - 1) + 1
+
+
+def _at(node: dict, tokens: list[int]) -> dict:
+    for token in tokens:
+        node = node[token]
+    return node
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_the_draft_tree_is_the_brute_force_one(seed):
+    rng = random.Random(100 + seed)
+    stream = [rng.randrange(rng.choice([3, 6, 12])) for _ in range(rng.randrange(2, 200))]
+    nodes, max_tokens = rng.choice([4, 11, 24]), rng.choice([1, 3, 64])
+    split = rng.randrange(1, len(stream))
+    proposer = TrieProposer(stream[:split], nodes=nodes)
+    proposer.observe(stream[split:])
+    found = proposer.candidates(max_tokens)
+    assert [(source.match, path) for source, path in found] == brute_tree(stream, 18, nodes, max_tokens)
+    assert all(source is Source.of("trie", source.match) for source, _ in found)
+    assert sum(len(path) for _, path in found) >= min(nodes, 1) * bool(found)
+
+
+def test_a_repeated_line_is_proposed_whole_from_the_prompt():
+    line = [5, 6, 7, 8, 9, 10, 11]
+    proposer = TrieProposer([1, 2] + line + [3, 4])
+    proposer.observe(line[:3])
+    assert [path for _, path in proposer.candidates(64)][0] == line[3:] + [3, 4] + line[:3]  # and on, as it went
+    assert proposer.candidates(0) == []
+
+
+def test_requests_of_one_deployment_share_the_trie_and_it_starts_over_when_full(monkeypatch):
+    history = ResponseHistory()
+    first = TrieProposer([1, 2, 3, 4, 5], history)
+    second = TrieProposer([9, 1, 2], history)
+    assert second.trie is first.trie
+    assert [path for _, path in second.candidates(8)][0] == [3, 4, 5]  # what the first request wrote
+    assert TrieProposer([7], None).trie is not first.trie  # cold: a request's own
+    monkeypatch.setattr("ssr.proposing.trie.MAX_NODES", first.trie.nodes - 1)
+    third = TrieProposer([1, 2], history)
+    assert third.trie is not first.trie and third.candidates(8) == []
