@@ -51,15 +51,12 @@ def brute_tree(stream: list[int], depth: int, nodes: int, max_tokens: int) -> li
                     tree.append({})
                     match.append(n)
                 queue.append((tree[at][token], breadth - scale, path + (token,), level + 1))
-    leaves, stack = [], [(0, [])]
-    while stack:
-        node, path = stack.pop()
-        if not tree[node]:
-            if path:
-                leaves.append((min(match[node], 8), path))
-            continue
-        stack.extend((child, path + [token]) for token, child in reversed(tree[node].items()))
-    return leaves
+    paths = [[]]
+    for at, links in enumerate(tree):  # a node's tokens: its parent's and its own (parents come first)
+        for token, child in links.items():
+            paths.extend([[]] * (child + 1 - len(paths)))
+            paths[child] = paths[at] + [token]
+    return [(min(match[i], 8), paths[i]) for i in range(1, len(tree)) if not tree[i]]
 
 
 def nodes_of(node: dict) -> int:

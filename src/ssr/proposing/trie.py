@@ -18,9 +18,11 @@ from .proposers import CHAIN
 from .source import Source
 
 DEPTH = 18  # longest window kept (SGLang's trie depth, --speculative-ngram-max-trie-depth)
-MIN_BREADTH, MAX_BREADTH = 1, 10  # children a node offers after the longest / the shortest match (SGLang's BFS)
+# children a node offers after the longest / the shortest match: SGLang's BFS narrows from 10 to 1
+# for its 11 draft nodes; ssr's span policy prices every node, so the tree is offered wider
+MIN_BREADTH, MAX_BREADTH = 1, 32
 MAX_NODES = 2_000_000  # a deployment's trie starts over past this many nodes (~0.5 GB; SGLang keeps 10M)
-NODES = 24  # tokens of the draft tree built a pass, before the span policy cuts it (SGLang verifies 11)
+NODES = 96  # tokens of the draft tree built a pass, before the span policy cuts it (SGLang verifies 11)
 
 
 Node = dict  # token -> the node one token deeper, the most recently written last (a child
@@ -76,40 +78,34 @@ class TrieProposer:
         return (found[0][1], None) if found else ([], None)
 
     def candidates(self, max_tokens: int) -> list[tuple[Source, list[int]]]:
-        """The draft tree's paths, longest anchor first (SGLang's order), each with its source."""
+        """The draft tree's root-to-leaf paths, leaves in the order they were made (the longest
+        anchor first, as SGLang builds), each with its source."""
         if max_tokens < 1:
             return []
-        tree: list[dict[int, int]] = [{}]  # [draft node] token -> child draft node; 0 the root
+        paths: list[list[int]] = [[]]  # [draft node] its tokens from the root; 0 the root
+        children: list[dict[int, int]] = [{}]  # [draft node] token -> child draft node
         match: list[int] = [0]  # [draft node] the anchor length that first reached it
-        scale = (MAX_BREADTH - MIN_BREADTH) / (self.trie.depth - 1)
-        for n in range(len(self.anchors) - 1, 0, -1):  # the longest match first
-            if not self.anchors[n] or len(tree) > self.nodes:  # nothing ever followed it; or the tree is full
+        depth, nodes, anchors = self.trie.depth, self.nodes, self.anchors
+        scale = (MAX_BREADTH - MIN_BREADTH) / (depth - 1)
+        for n in range(len(anchors) - 1, 0, -1):  # the longest match first
+            if not anchors[n] or len(paths) > nodes:  # nothing ever followed it; or the tree is full
                 continue
-            queue = deque([(0, (self.trie.depth - 1 - n) * scale + MIN_BREADTH, self.anchors[n], 0)])
-            while queue and len(tree) <= self.nodes:
-                at, breadth, node, depth = queue.popleft()
-                if depth >= max_tokens:
+            queue = deque([(0, (depth - 1 - n) * scale + MIN_BREADTH, anchors[n])])
+            while queue and len(paths) <= nodes:
+                at, breadth, node = queue.popleft()
+                if len(paths[at]) >= max_tokens:
                     continue
-                for child_token, child in islice(reversed(node.items()), max(1, int(breadth))):
-                    if len(tree) > self.nodes:
+                for token, child in islice(reversed(node.items()), max(1, int(breadth))):
+                    if len(paths) > nodes:
                         break
-                    position = tree[at].get(child_token)
+                    position = children[at].get(token)
                     if position is None:
-                        position = tree[at][child_token] = len(tree)
-                        tree.append({})
+                        position = children[at][token] = len(paths)
+                        paths.append(paths[at] + [token])
+                        children.append({})
                         match.append(n)
-                    queue.append((position, breadth - scale, child, depth + 1))
-        return [(Source.of("trie", min(match[leaf], 8)), path) for leaf, path in _paths(tree)]
+                    queue.append((position, breadth - scale, child))
+        return [(SOURCES[match[i]], paths[i]) for i in range(1, len(paths)) if not children[i]]
 
 
-def _paths(tree: list[dict[int, int]]) -> list[tuple[int, list[int]]]:
-    """(leaf, its tokens from the root down) of every leaf, in the order the tree was built."""
-    paths, stack = [], [(0, [])]
-    while stack:
-        node, path = stack.pop()
-        if not tree[node]:
-            if path:
-                paths.append((node, path))
-            continue
-        stack.extend((child, path + [token]) for token, child in reversed(tree[node].items()))
-    return paths
+SOURCES = [Source.of("trie", min(n, 8)) for n in range(DEPTH + 1)]  # [anchor length] its candidates' source
