@@ -83,7 +83,7 @@ def test_the_trie_holds_every_window_once_in_recency_order(seed):
     walk(trie.root, ())
     assert held == windows(stream, depth)
     assert trie.nodes == nodes_of(trie.root) == len(held)
-    assert [anchors[n] is _at(trie.root, stream[len(stream) - n:]) for n in range(len(anchors))] == [True] * len(anchors)
+    assert all(anchors[n] is _at(trie.root, stream[len(stream) - n:]) for n in range(len(anchors)))
     assert len(anchors) == min(len(stream), depth - 1) + 1
 
 

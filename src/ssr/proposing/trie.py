@@ -60,8 +60,8 @@ class TrieProposer:
 
     def __init__(self, prompt: Sequence[int], history: ResponseHistory | None = None, nodes: int = NODES) -> None:
         self.trie = history.kept("ssr-trie", RecencyTrie) if history is not None else RecencyTrie()
-        if history is not None and self.trie.nodes > MAX_NODES:  # full: the deployment's windows start over (as the history's trees do)
-            self.trie = history.renew("ssr-trie", RecencyTrie)
+        if history is not None and self.trie.nodes > MAX_NODES:  # full: the deployment's windows
+            self.trie = history.renew("ssr-trie", RecencyTrie)  # start over (as the history's trees do)
         self.nodes = nodes  # draft tokens a pass
         self.anchors = [self.trie.root]  # [n]: the node of the context's last n tokens, n < depth
         self.observe(prompt)
