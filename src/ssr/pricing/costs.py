@@ -337,10 +337,9 @@ class CostModel:
 
     def _score_table(self, num_tokens: int) -> float:
         """table.score(num_tokens) (context-free), from a list built once per table and length."""
-        scores = getattr(self, "_scores", None)
-        if scores is None or getattr(self, "_scores_of", None) is not self.table or len(scores) < num_tokens:
-            known = len(scores) if scores is not None and self._scores_of is self.table else 0
-            longest = max(num_tokens, 2 * known, 128)  # doubled: a tree's passes ask for one more token at a time
+        scores = getattr(self, "_scores", None) if getattr(self, "_scores_of", None) is self.table else None
+        if scores is None or len(scores) < num_tokens:
+            longest = max(num_tokens, 2 * len(scores or ()), 128)  # doubled: trees ask one more at a time
             self._scores = scores = [self.table.score(k) for k in range(1, longest + 1)]  # [k - 1]
             self._scores_of = self.table
         return scores[num_tokens - 1]

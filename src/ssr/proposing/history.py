@@ -68,8 +68,8 @@ class ResponseHistory:
 
     def renew(self, name: str, make):
         """kept(name, make) made afresh (a cache that outgrew its bound)."""
-        self._kept[name] = make()
-        return self._kept[name]
+        self._kept.pop(name, None)
+        return self.kept(name, make)
 
     NATIVE_REQUESTS = 10000  # responses the C++ trees keep (vLLM's suffix cache: 10,000 requests)
 
