@@ -75,7 +75,8 @@ class ChainDrafter:
     def __post_init__(self) -> None:
         config = GenerationConfig(mode="ssr", suffix=SuffixParams(max_span=self.max_span))
         extend = span_extension(self.costs, self.max_span)
-        self.proposer = request_proposer(config, extend, list(self.prompt_ids), self.history, True, True)
+        self.proposer = request_proposer(config, extend, list(self.prompt_ids), self.history,
+                                         several=True, wide=True)
         learnt = self.stats.spans if self.stats is not None else {}
         self.spans = SpanPolicy(self.costs, learnt.get("answer"))
         self.cot_spans = SpanPolicy(self.costs, learnt.get("cot"))

@@ -356,6 +356,8 @@ def vllm_ngram(prompt: Sequence[int]) -> PromptLookupProposer:
 
 
 ALTERNATIVES = 4  # the suffix tree's further branches offered as candidates where several are verified a pass
+OTHER_WAYS = 8  # n-gram lookup's further candidates where weak ones are worth offering (`wide`)
+FREQUENT = 8  # the context's most frequent tokens offered as candidates there too (FrequentTokens)
 
 
 def ssr_suffix(params: SuffixParams, prompt_ids: Sequence[int], history: ResponseHistory | None,
@@ -370,25 +372,23 @@ def ssr_suffix(params: SuffixParams, prompt_ids: Sequence[int], history: Respons
         return SuffixProposer(params, [prompt_ids], history, extend_prob)
 
 
-OTHER_WAYS = 8  # n-gram lookup's further candidates where several are verified a pass as one token tree
-FREQUENT = 8  # the context's most frequent tokens offered as candidates there too (FrequentTokens)
-
-
 def request_proposer(config, extend_prob: float | None, prompt_ids: Sequence[int],
-                     history: ResponseHistory | None, several: bool = False, trees: bool = False) -> Proposer | None:
+                     history: ResponseHistory | None, several: bool = False, wide: bool = False,
+                     trie: bool = False) -> Proposer | None:
     """One proposer for a request's output, seeded with the prompt (drafts join at the close).
     ssr: its suffix tree (spans past the match length with `extend_prob`) and n-gram lookup
     compete; with `several` (several candidates a pass) the suffix tree's other branches too;
-    with `trees` (one token tree a pass) lookup's other ways and frequent tokens, and the recency
-    trie's draft tree (trie.py). The peers as their users run them."""
+    with `wide` (a token tree or a chain picked among them) lookup's other ways and frequent tokens;
+    with `trie` (a token tree; a chain loses more picks to its paths than it wins, docs/traces.md)
+    the recency trie's draft tree (trie.py). The peers as their users run them."""
     kind = config.proposer
     if kind == "suffix" and config.uses_draft:
         from .trie import TrieProposer  # (it imports this module)
         params = config.suffix
         parts = {"suffix": ssr_suffix(params, prompt_ids, history, extend_prob, ALTERNATIVES if several else 0),
-                 "lookup": LookupProposer(prompt_ids, 3, params.max_span, OTHER_WAYS if trees else 0,
-                                          FREQUENT if trees else 0)}
-        if trees:
+                 "lookup": LookupProposer(prompt_ids, 3, params.max_span, OTHER_WAYS if wide else 0,
+                                          FREQUENT if wide else 0)}
+        if trie:
             parts["trie"] = TrieProposer(prompt_ids, history)
         return CompetingProposers(parts)
     if kind == "suffix":
