@@ -207,8 +207,8 @@ def test_a_tree_cuts_a_candidate_beside_the_chosen_one_where_its_nodes_stop_payi
                                             (FakeEngine(order=2, max_sequences=1), Layout.CHAIN)])
 def test_the_recency_trie_offers_its_paths_to_token_trees_not_to_one_chain(engine, layout):
     """One chain a pass picks one candidate: the trie's many paths lost more picks than they won
-    there (docs/traces.md, "One chain a pass"), so only a token tree verifies them."""
+    there (docs/traces.md, "Several candidates"), so only a token tree verifies them."""
     generation, _, _ = run("ssr", PROMPTS[1], engine=engine, plan=NO_DRAFT)
-    assert generation.speculation.layout is layout
+    assert generation.speculation.layout is layout and generation.speculation.trie == (layout is Layout.TREE)
     sources = {event["source"].split("/")[0] for event in generation.result.trace if "source" in event}
     assert ("trie" in sources) == (layout is Layout.TREE) and "suffix" in sources

@@ -38,7 +38,7 @@ from ..formats.thinking import ThinkingFormat
 from .candidates import CandidatePass, Outcome
 from .children import Draft, DraftChildren, stage_metrics
 from .sequences import Sequences
-from .speculation import Layout, decide
+from .speculation import decide
 from .transcript import Chunk
 from .verifier import Verifier
 from .walk import Walk
@@ -119,8 +119,7 @@ class Generation(Walk):
         """The mode's proposer (or the one given), its shape told to the candidate pass."""
         spec = self.speculation
         proposer = self._proposer or request_proposer(self.config, spec.extend, self.prompt_ids, self.history,
-                                                      several=spec.several, wide=spec.wide,
-                                                      trie=spec.layout is Layout.TREE)
+                                                      several=spec.several, wide=spec.wide, trie=spec.trie)
         if proposer is not None:
             self.candidates.shape = proposer.shape
             if proposer.shape.tree and not tree_passes(self.engine):

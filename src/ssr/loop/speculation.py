@@ -37,6 +37,12 @@ class Speculation:
         """Weak candidates are worth offering too (a tree node, or the chain's pick among them)."""
         return self.layout in (Layout.TREE, Layout.CHAIN)
 
+    @property
+    def trie(self) -> bool:
+        """The recency trie's many paths are offered: only to a token tree (a chain, picking one,
+        lost more picks to them than it won: docs/traces.md, "Several candidates")."""
+        return self.layout is Layout.TREE
+
 
 def decide(engine, config: GenerationConfig, costs: CostModel) -> Speculation:
     """Several candidates a pass only where one pass holds several sequences and verifying costs
