@@ -11,8 +11,8 @@ import pytest
 
 from ssr.engines.fake import FakeEngine
 from ssr.formats.thinking import render_chat
-from ssr.formats.tools import FORMATS, CallStream, ToolUse, forced_call_prefix, hermes_messages, read_calls, \
-    template_messages
+from ssr.formats.tool_stream import CallStream, call_head, read_calls
+from ssr.formats.tools import FORMATS, ToolUse, forced_call_prefix, hermes_messages, template_messages
 
 HERMES = FORMATS["hermes"]
 OFFERED = frozenset({"get_weather", "search"})
@@ -196,7 +196,10 @@ def test_streamed_tool_calls_and_a_bad_call_that_stays_content():
                       if line.startswith("data: ") and line != "data: [DONE]"]
         deltas = [c["choices"][0]["delta"] for c in chunks if c["choices"]]
         calls = [c for d in deltas for c in d.get("tool_calls", [])]
-        assert [(c["index"], c["function"]["name"]) for c in calls] == [(0, "get_weather"), (1, "search")]
+        assert [(c["index"], c["function"]["name"]) for c in calls if "id" in c] == [(0, "get_weather"), (1, "search")]
+        joined = {i: "".join(c["function"]["arguments"] for c in calls if c["index"] == i) for i in (0, 1)}
+        assert [json.loads(joined[i]) for i in (0, 1)] == [{"city": "Paris"}, {"q": "a <b> c"}]
+        assert len(calls) > 2  # the arguments came as they were written, not in one piece
         assert not any(d.get("content") for d in deltas)
         assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
     app, logged = _app([bad])

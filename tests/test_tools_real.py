@@ -48,3 +48,18 @@ def test_the_openai_tool_loop_on_the_default_model(client):
     finish, content, calls = turns[-1]
     assert len(turns) == 2 and finish == "stop" and content and not calls
     assert _loop(client, "ar") == turns  # plain decoding: the same calls, the same answer
+
+
+def test_the_openai_clients_stream_joins_the_streamed_call(client):
+    """Streamed, the call's arguments come in pieces (not one delta) and the official client's
+    own accumulator joins them into the call the whole reply holds."""
+    messages = [{"role": "user", "content": "What is the weather in Paris?"}]
+    pieces = []
+    with client.chat.completions.stream(model=MODEL, messages=messages, tools=TOOLS) as stream:
+        for event in stream:
+            if event.type == "tool_calls.function.arguments.delta":
+                pieces.append(event.arguments_delta)
+        final = stream.get_final_completion().choices[0]
+    assert final.finish_reason == "tool_calls" and len(pieces) > 1
+    (call,) = final.message.tool_calls
+    assert (call.function.name, json.loads(call.function.arguments)) == ("get_weather", {"city": "Paris"})

@@ -97,7 +97,7 @@ class SSR:
               history: ResponseHistory | None = None, tools: ToolUse | None = None) -> Generation:
         """A request ready to iterate (streaming); `.result` once iterated. `history`: earlier
         responses to copy from (default: this model's earlier requests); `tools`: the request's
-        tools (the answer's calls are read by the caller: tools.CallStream)."""
+        tools (the answer's calls are read by the caller: tool_stream.CallStream)."""
         fmt = self.format(template, tools)
         prompt_ids = self.prompt_ids(prompt, template, tools)
         if fmt.name == "none" and config.thinking_budget:  # nothing to think inside

@@ -8,9 +8,8 @@ does not parse, or that names no offered tool, stays in the content with the rea
 - `render_tools(...)`: the chat template's own `tools` argument when the template renders tools
   (Qwen2.5, Hermes, ...), else a Hermes-style block in the system message (documented in
   docs/agents.md, "Tools in `ssr serve`").
-- `read_calls(text, ...)`: one finished answer -> content, calls, problems.
-- `CallStream`: the same reading, piece by piece, for streaming (content is sent as it comes;
-  a call is sent once its closing marker arrives).
+- `parse_call(body, ...)`: one call's text -> a ToolCall, or the reason it is none. Reading an
+  answer, whole or as it streams, is tool_stream.py's (`read_calls`, `CallStream`).
 """
 from __future__ import annotations
 
@@ -28,7 +27,8 @@ class ToolCallFormat:
     argument_keys: tuple[str, ...] = ("arguments", "parameters")
     # an answer that is, whole, one call's JSON object without the markers (bare, or alone in one
     # ``` fence) is that call: small Qwen2.5 models write it so; vLLM's llama3_json parser reads
-    # the bare form. Such an answer is held until it ends, as it can only be read whole.
+    # the bare form. Such an answer is a call or content once it ends, as it can only be read whole
+    # (tool_stream.py streams it as a call meanwhile when it opens as one).
     bare: bool = False
 
 
@@ -74,8 +74,9 @@ def _new_id() -> str:
     return f"call_{uuid.uuid4().hex[:24]}"
 
 
-def parse_call(body: str, fmt: ToolCallFormat, offered: frozenset[str]) -> ToolCall | str:
-    """One call's text between the markers -> a ToolCall, or the reason it is not one."""
+def parse_call(body: str, fmt: ToolCallFormat, offered: frozenset[str], call_id: str | None = None) -> ToolCall | str:
+    """One call's text between the markers -> a ToolCall (with `call_id`, or a new id), or the
+    reason it is not one."""
     try:
         value = json.loads(body)
     except ValueError as error:
@@ -93,97 +94,7 @@ def parse_call(body: str, fmt: ToolCallFormat, offered: frozenset[str]) -> ToolC
             return f"the call's arguments are not valid JSON ({error})"
     if not isinstance(arguments, dict):
         return "the call's arguments are not a JSON object"
-    return ToolCall(_new_id(), name, json.dumps(arguments, ensure_ascii=False))
-
-
-class CallStream:
-    """Reads an answer piece by piece: `push(piece)` and `flush()` return events, each
-    ("content", text), ("call", ToolCall) or ("problem", reason). Text that might be the start
-    of a call marker is held back; whitespace between calls is not sent as content."""
-
-    def __init__(self, fmt: ToolCallFormat, offered: frozenset[str], limit: int | None = None) -> None:
-        self.fmt, self.offered = fmt, offered
-        self.limit = limit  # at most this many calls (parallel_tool_calls false: 1); None: any
-        self.calls = 0  # valid calls read
-        self._held = ""  # text not yet sent: a possible marker start, or a call under way
-        self._in_call = False
-        self._blank = ""  # whitespace-only content held until real content follows
-        self.full = False  # the limit is reached: the rest of the answer is not read
-        self._bare: str | None = None  # the answer so far, held whole: it opened with "{" (fmt.bare)
-        self._opened = False  # non-blank answer text has come
-
-    def push(self, piece: str) -> list[tuple[str, object]]:
-        events: list[tuple[str, object]] = []
-        if self._bare is not None or (self.fmt.bare and not self._opened and piece.strip()
-                                      and (self._held + piece).lstrip()[:1] in ("{", "`")):
-            self._bare = (self._bare or self._held) + piece
-            self._held = ""
-            return events
-        self._opened = self._opened or bool(piece.strip())
-        self._held += piece
-        while not self.full:
-            marker = self.fmt.end if self._in_call else self.fmt.start
-            at = self._held.find(marker)
-            if at < 0:
-                if not self._in_call:  # send all but a possible marker start
-                    keep = _partial(self._held, marker)
-                    self._content(self._held[: len(self._held) - keep], events)
-                    self._held = self._held[len(self._held) - keep:]
-                break
-            if self._in_call:
-                self._close(self._held[:at], events)
-            else:
-                self._content(self._held[:at], events, before_call=True)
-                self._in_call = True
-            self._held = self._held[at + len(marker):]
-        return events
-
-    def flush(self) -> list[tuple[str, object]]:
-        """The end of the answer: an unclosed call is read as if closed (vLLM's parsers do so)."""
-        events: list[tuple[str, object]] = []
-        if self.full:
-            return events
-        if self._bare is not None:  # the whole answer is one call, or it is content
-            read = parse_call(_unfenced(self._bare), self.fmt, self.offered)
-            if isinstance(read, ToolCall):
-                self.calls += 1
-                return [("call", read)]
-            self._held, self._bare = self._bare, None
-            self._opened = True
-            return self.push("") + self.flush()
-        if self._in_call:
-            self._close(self._held, events, closed=False)
-        else:
-            self._content(self._held, events)
-        self._held, self._in_call = "", False
-        if self._blank and not self.calls:
-            events.append(("content", self._blank))
-        self._blank = ""
-        return events
-
-    def _content(self, text: str, events: list, before_call: bool = False) -> None:
-        if not text:
-            return
-        if not text.strip():
-            self._blank += text
-            return
-        if self._blank and not before_call:
-            text, self._blank = self._blank + text, ""
-        elif before_call:
-            self._blank = ""
-        events.append(("content", text))
-
-    def _close(self, body: str, events: list, closed: bool = True) -> None:
-        self._in_call = False
-        read = parse_call(body.strip(), self.fmt, self.offered)
-        if isinstance(read, ToolCall):
-            self.calls += 1
-            events.append(("call", read))
-            self.full = self.limit is not None and self.calls >= self.limit
-            self._blank = ""
-            return
-        events.append(("problem", read))
-        events.append(("content", self.fmt.start + body + (self.fmt.end if closed else "")))  # as written
+    return ToolCall(call_id or _new_id(), name, json.dumps(arguments, ensure_ascii=False))
 
 
 def _unfenced(text: str) -> str:
@@ -193,30 +104,6 @@ def _unfenced(text: str) -> str:
         text = text[3:-3]
         text = text[text.index("\n") + 1:] if "\n" in text and not text.lstrip().startswith("{") else text
     return text.strip()
-
-
-def _partial(text: str, marker: str) -> int:
-    """The length of the longest tail of `text` that is a proper prefix of `marker`."""
-    for size in range(min(len(text), len(marker) - 1), 0, -1):
-        if marker.startswith(text[-size:]):
-            return size
-    return 0
-
-
-def read_calls(text: str, fmt: ToolCallFormat, offered: frozenset[str], limit: int | None = None) -> ReadAnswer:
-    """A whole answer -> its content, its valid calls and why any call-looking text is content."""
-    stream = CallStream(fmt, offered, limit)
-    read = ReadAnswer("")
-    content = []
-    for kind, value in stream.push(text) + stream.flush():
-        if kind == "content":
-            content.append(value)
-        elif kind == "call":
-            read.calls.append(value)
-        else:
-            read.problems.append(value)
-    read.content = "".join(content).strip()
-    return read
 
 
 # -- the prompt: tools and earlier calls into the chat template ------------------------------

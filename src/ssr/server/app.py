@@ -109,7 +109,8 @@ def create_app(model, served_name: str, max_queue: int = 16, timeout_s: float = 
                                       payload["finish_reason"], usage(prompt_tokens, payload["metrics"]),
                                       payload["metrics"], calls)
                 return JSONResponse(body)
-            {"reasoning": reasoning, "answer": answer, "tool_call": calls}[name].append(payload)
+            if name != "tool_call_delta":  # a whole reply takes each call read whole
+                {"reasoning": reasoning, "answer": answer, "tool_call": calls}[name].append(payload)
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request):
@@ -242,7 +243,6 @@ async def _sse(job: Job, request: ParsedRequest, model: str, prompt_tokens: int)
         return f"data: {json.dumps(payload)}\n\n"
 
     chat = request.kind == "chat"
-    calls = 0  # tool calls sent: each delta carries its index
     try:
         if chat:
             yield data(chat_chunk(request, model, {"role": "assistant", "content": ""}))
@@ -251,9 +251,10 @@ async def _sse(job: Job, request: ParsedRequest, model: str, prompt_tokens: int)
             if name == "error":
                 yield data(payload.body())
                 break
-            if name == "tool_call":  # a whole call in one delta (clients join deltas by index)
-                yield data(chat_chunk(request, model, {"tool_calls": [payload.as_openai(calls)]}))
-                calls += 1
+            if name == "tool_call_delta":  # a piece of a call (clients join deltas by index)
+                yield data(chat_chunk(request, model, {"tool_calls": [payload.as_openai()]}))
+                continue
+            if name == "tool_call":  # the call read whole: its deltas are sent
                 continue
             if name in ("reasoning", "answer"):
                 if chat:

@@ -238,7 +238,10 @@ class Scheduler:
             if kind == "content":
                 seen.text(value, answer=True)
                 job.emit("answer", value)
-            elif kind == "call":
+            elif kind == "delta":  # what a streaming client is sent of a call
+                seen.text("", answer=True)
+                job.emit("tool_call_delta", value)
+            elif kind == "call":  # the call read whole: the reply's message, the request log
                 seen.call(value)
                 job.emit("tool_call", value)
             else:  # a call-looking text that is no call: it stays content, the reason is counted and logged
@@ -290,7 +293,8 @@ def _calls(request: ParsedRequest, model):
     """The reader of the answer's tool calls, when the request offers tools (else None)."""
     if request.tools is None or not request.tools.active:
         return None
-    from ..formats.tools import CallStream, detect_tool_format
+    from ..formats.tool_stream import CallStream
+    from ..formats.tools import detect_tool_format
 
     fmt = detect_tool_format(model.engine.chat_template)
     return CallStream(fmt, request.tools.offered, None if request.tools.parallel else 1)
