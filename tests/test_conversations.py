@@ -14,6 +14,7 @@ from ssr.bench.trace_replay import replay_all
 from ssr.bench.traces import load_traces, parse_record, read_traces, tokenize_trace
 from ssr.bench.turns import answer_passes, turn_table
 from ssr.config import ConfigError
+from ssr.engines.prefix import common_prefix
 
 pytestmark = pytest.mark.shared_data  # runs from a clone too: nothing here reads ../shared
 
@@ -123,6 +124,32 @@ def test_conversations_replay_token_for_token_in_conversation_order(tmp_path):
     assert ssr["turns"] == {"first": 2, "later": 4} and ssr["ratio"]["later"] < 1.0
     assert ssr["per_pass"]["arguments"] > 1.0  # the second conversation copies the first one's calls
     assert table[("agentic / Org/Agent-9B (cold)", "ar")]["per_pass"]["arguments"] == 1.0
+
+
+def test_deployment_order_prefills_only_what_the_last_request_did_not_leave_in_kv(tmp_path):
+    """A server keeps its last request's KV (prefix caching): in deployment order turn N prefills
+    the prompt past what turn N - 1's prompt and output hold, every mode alike; cold order, and a
+    turn that shares too little (another conversation), prefill it all."""
+    path = tmp_path / "agentic.jsonl"
+    path.write_text(json.dumps(CONVERSATION) + "\n")
+    tokens = [tokenize_trace(t, WordVocab()) for t in load_traces([path])]
+    rows = replay_all(tokens, ["ar", "ssr"], [GPU])
+    by = {(r["order"], r["mode"], r["turn"]): r["metrics"] for r in rows}
+    for mode in ("ar", "ssr"):
+        for turn, each in enumerate(tokens, 1):
+            cold, deployed = by[("cold", mode, turn)], by[("deployment", mode, turn)]
+            assert cold["cached_prompt_tokens"] == 0
+            assert cold["seconds"]["prefill"] == pytest.approx(GPU.costs.prefill(len(each.prompt_ids) - 1))
+            if turn == 1:
+                assert deployed["cached_prompt_tokens"] == 0
+                continue
+            before = tokens[turn - 2]
+            held = common_prefix(before.prompt_ids + before.cot_ids + before.answer_ids, each.prompt_ids[:-1])
+            assert deployed["cached_prompt_tokens"] == held >= len(before.prompt_ids) - 1
+            fed = len(each.prompt_ids) - 1 - held
+            assert deployed["seconds"]["prefill"] == pytest.approx(GPU.costs.prefill(fed, held))
+            assert deployed["seconds"]["prefill"] < cold["seconds"]["prefill"]
+    assert all(row["identical"] for row in rows)
 
 
 def test_a_served_tool_calling_request_replays_from_its_log_line(tmp_path):

@@ -209,6 +209,8 @@ def test_costs_grow_linearly_with_the_cached_length(tmp_path):
     assert costs.score(8, 50) == pytest.approx(3.0 - 8 * 0.001 * 50)
     # per-token prefill cost a + b*p: the mean over 100 tokens is 0.5, over 300 tokens 0.5 + b*100
     assert costs.prefill(300) == pytest.approx(300 * (0.5 + 0.002 * 100))
+    # after a kept prefix: 100 tokens fed after 200 cached ones sit where tokens 200-300 of a cold prefill do
+    assert costs.prefill(100, 200) == pytest.approx(costs.prefill(300) - costs.prefill(200))
     path = tmp_path / "costs.json"
     path.write_text(costs.to_json())
     assert load_costs(str(path)) == costs

@@ -15,6 +15,10 @@ Greedy loops get token ids instead of rows (`returns_ids`), as from an engine th
 argmax where its logits live. The loop's own host time (everything between two passes:
 proposing, pricing, verifying, committing) is measured, and with `host` it goes on the clock:
 "measured" adds this machine's own, a number adds that many seconds per pass.
+
+A deployment's server keeps the KV of its last request (`KeptKV`): a prompt that starts as
+that request's prompt and output did (turn N of a conversation) prefills only the rest, as
+vLLM's and SGLang's prefix caches and ssr's own engines (engines/prefix.py) do by default.
 """
 from __future__ import annotations
 
@@ -27,6 +31,7 @@ import numpy as np
 
 from ..pricing.costs import CostTable
 from ..engines.base import Capabilities, TokenListTree
+from ..engines.prefix import common_prefix
 from ..proposing.proposers import CHAIN
 from ..proposing.source import Source
 from ..formats.thinking import ThinkingFormat
@@ -34,6 +39,22 @@ from ..formats.thinking import ThinkingFormat
 # placeholders the loop tokenizes; the engine maps them to the row's forced token ids
 REPLAY_FORMAT = ThinkingFormat("replay", start="", end="\x00end", forced_end="\x00forced-end",
                                answer_prefix="\x00answer-prefix", answer_stop="\x00stop")
+
+
+@dataclass
+class KeptKV:
+    """What a deployment's server still holds in KV from its last request (its prompt and
+    output), and how much of the next prompt it served; empty for a cold server."""
+
+    tokens: Sequence[int] = ()  # the last request's prompt and output
+    reused: int = 0  # prompt tokens the last prefill took from them (0: a cold prefill)
+    min_tokens: int = 16  # a shorter common prefix is not taken (engines/prefix.PrefixKeeper's)
+
+    def take(self, prompt: Sequence[int]) -> int:
+        """How many of the prompt's first tokens are in the kept KV (recorded as `reused`)."""
+        common = common_prefix(self.tokens, prompt)
+        self.reused = common if common >= self.min_tokens else 0
+        return self.reused
 
 
 @dataclass(frozen=True)
@@ -58,11 +79,12 @@ class ReplayEngine:
     chat_template = None
     bos_text, eos_text = "", ""
     # greedy loops ask for the argmax ids (ids=True), never built as rows; its clock models seconds
-    capabilities = Capabilities(returns_ids=True, shares_passes=True, modelled_clock=True)
+    capabilities = Capabilities(returns_ids=True, shares_passes=True, modelled_clock=True, keeps_prefix=True)
 
     def __init__(self, model: RowModel, costs: CostTable, host: str | float | None = None,
-                 max_sequences: int = 4) -> None:
+                 max_sequences: int = 4, kept: KeptKV | None = None) -> None:
         self.model = model
+        self.prefix = kept if kept is not None else KeptKV()  # the KV a deployment kept from its last request
         self.max_sequences = max_sequences  # as the run's engine (the engines' default: 4)
         self.costs = costs  # seconds of each call
         self.host = host  # the loop's host time on the clock: None (off), "measured", or seconds per pass
@@ -108,7 +130,8 @@ class ReplayEngine:
     # -- sequences ----------------------------------------------------------------------------
 
     def prefill(self, token_ids: Sequence[int]) -> int:
-        self.seconds += self.costs.prefill(len(token_ids))
+        reused = self.prefix.take(token_ids)  # fed already, by the deployment's last request
+        self.seconds += self.costs.prefill(len(token_ids) - reused, reused)
         return self._new(list(token_ids), None)
 
     def fork(self, seq: int) -> int:

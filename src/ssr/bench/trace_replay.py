@@ -40,7 +40,7 @@ from ..pricing.drafting import Plan, PolicyStats
 from ..proposing.history import ResponseHistory
 from .oracle import OracleProposer
 from .peers import REPLAY_PEERS
-from .replay import REPLAY_FORMAT, ReplayEngine, RowModel, TreeReplayEngine
+from .replay import REPLAY_FORMAT, KeptKV, ReplayEngine, RowModel, TreeReplayEngine
 from .traces import TokenTrace
 from .turns import part_runs
 
@@ -74,13 +74,15 @@ CANDIDATES = ("tree", "forks", "chain")  # how the replayed engine verifies seve
 
 def replay_trace(tokens: TokenTrace, mode: str, setting: CostSetting, order: str,
                  history: ResponseHistory | None = None, stats: PolicyStats | None = None,
-                 host: str | float | None = None, candidates: str = "tree") -> dict:
+                 host: str | float | None = None, candidates: str = "tree", kept: KeptKV | None = None) -> dict:
     """One trace in one mode -> a bench-shaped row (metrics on the modelled clock, the loop's
     host time measured apart under "host", identity to the trace). candidates: "tree" (an
     engine with tree attention: several candidates as one token tree, a pass priced by its
     nodes), "forks" (each candidate on its own fork, a pass priced as a batch of them: how
     ssr's llama.cpp and transformers adapters verify them) or "chain" (one candidate a pass, as
-    vLLM verifies one draft chain per request per step: ssr's drafter there)."""
+    vLLM verifies one draft chain per request per step: ssr's drafter there). kept: the KV the
+    deployment's server holds from its last request (prefix caching; None: a cold server); it
+    holds this request's prompt and output afterwards."""
     trace = tokens.trace
     end = tokens.cot_ids[-1:]  # the end-of-thinking token, forced where a CoT would not end
     model = RowModel(prompt_ids=tokens.prompt_ids, cot_ids=tokens.cot_ids, answer_ids=tokens.answer_ids,
@@ -91,13 +93,15 @@ def replay_trace(tokens: TokenTrace, mode: str, setting: CostSetting, order: str
         if mode == "oracle" else REPLAY_PEERS[mode](tokens.prompt_ids, history) if mode in REPLAY_PEERS else None
     tree = candidates == "tree" or (proposer is not None and proposer.shape.tree)  # a peer's engine verifies its tree
     engine = (TreeReplayEngine if tree else ReplayEngine)(
-        model, setting.costs, host=host, max_sequences=1 if candidates == "chain" else SEQUENCES)
+        model, setting.costs, host=host, max_sequences=1 if candidates == "chain" else SEQUENCES, kept=kept)
     started = time.perf_counter()
     generation = Generation(engine, REPLAY_FORMAT, config, tokens.prompt_ids, costs=CostModel(table=setting.costs),
                             stats=stats, plan=NO_DRAFT, history=history, proposer=proposer)
     result = generation.run()
     wall_s = time.perf_counter() - started
     identical = result.cot_ids == engine.cot and result.answer_ids == engine.answer
+    if kept is not None:
+        kept.tokens = tokens.prompt_ids + tokens.cot_ids + tokens.answer_ids
     return {"suite": f"{trace.group} ({order})", "item": trace.item, "repeat": 0, "mode": mode,
             "engine": setting.name, "order": order, "metrics": result.metrics.as_dict(),
             "prompt_ids": tokens.prompt_ids, "cot_ids": engine.cot, "answer_ids": engine.answer,
@@ -112,13 +116,15 @@ def replay_all(traces: Sequence[TokenTrace], modes: Sequence[str], settings: Seq
                orders: Sequence[str] = ORDERS, host: str | float | None = None, progress: bool = False,
                candidates: str = "tree") -> list[dict]:
     """Every trace in every mode, order and cost setting. Deployment order keeps one response
-    history and one set of learnt span statistics per (group, mode, setting), in file order."""
+    history, one set of learnt span statistics and one server's kept KV (prefix caching) per
+    (group, mode, setting), in file order."""
     from tqdm import tqdm
 
     for mode in modes:
         mode_config(mode)  # unknown modes fail before any replay
     histories: dict[tuple, ResponseHistory] = defaultdict(ResponseHistory)
     learnt: dict[tuple, PolicyStats] = defaultdict(PolicyStats)
+    kept: dict[tuple, KeptKV] = defaultdict(KeptKV)
     jobs = [(order, setting, tokens, mode) for order in orders for setting in settings
             for tokens in traces for mode in modes]
     rows = []
@@ -126,7 +132,8 @@ def replay_all(traces: Sequence[TokenTrace], modes: Sequence[str], settings: Seq
         key = (tokens.trace.group, mode, setting.name)
         deployed = order == "deployment"
         rows.append(replay_trace(tokens, mode, setting, order, histories[key] if deployed else None,
-                                 learnt[key] if deployed else PolicyStats(), host, candidates))
+                                 learnt[key] if deployed else PolicyStats(), host, candidates,
+                                 kept[key] if deployed else None))
     return rows
 
 

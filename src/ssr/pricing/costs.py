@@ -56,9 +56,10 @@ class CostTable:
         extra = 0 if context is None else num_tokens * self.score_context_s * (context - self.context_tokens)
         return _floored(_interpolate({1: self.step_s[1], **self.score_s}, num_tokens), extra)
 
-    def prefill(self, num_tokens: int) -> float:
+    def prefill(self, num_tokens: int, cached: int = 0) -> float:
+        """num_tokens prompt tokens fed after `cached` tokens already in the KV cache (a kept prefix)."""
         return num_tokens * _floored(self.prefill_token_s,
-                                     self.prefill_context_s * (num_tokens - self.context_tokens) / 2)
+                                     self.prefill_context_s * (2 * cached + num_tokens - self.context_tokens) / 2)
 
     def at_batch(self, batch: int) -> CostTable:
         """The costs one request sees among `batch` requests decoded together (vLLM's running
