@@ -125,3 +125,44 @@ def test_requests_of_one_deployment_share_the_trie_and_it_starts_over_when_full(
     monkeypatch.setattr("ssr.proposing.trie.MAX_NODES", first.trie.nodes - 1)
     third = TrieProposer([1, 2], history)
     assert third.trie is not first.trie and third.candidates(8) == []
+
+
+def _latest_followers(writes: list[tuple[list[int], int]], gram: tuple[int, ...], depth: int) -> list[int]:
+    """Tokens written after `gram`, the latest first, over writes (context, token) in time order."""
+    if len(gram) + 1 > depth:
+        return []
+    last: dict[int, int] = {}
+    for when, (context, token) in enumerate(writes):
+        if len(context) >= len(gram) and tuple(context[len(context) - len(gram):]) == gram:
+            last[token] = when
+    return sorted(last, key=lambda token: -last[token])
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_a_prompt_the_last_request_wrote_already_is_not_written_again(seed):
+    """Turn 2's prompt starts as turn 1's prompt (and output) did: that start keeps the recency it
+    was written with, the rest is written after it. Oracle: every (context, token) write in time
+    order, brute force."""
+    rng = random.Random(300 + seed)
+    alphabet = rng.choice([3, 5, 9])
+    prompt1, output1 = ([rng.randrange(alphabet) for _ in range(rng.randrange(1, 40))] for _ in range(2))
+    kept = prompt1 + output1[: rng.randrange(len(output1) + 1)]  # how much of turn 1 turn 2 renders as it was
+    prompt2 = kept + [alphabet + rng.randrange(2)] + [rng.randrange(alphabet) for _ in range(rng.randrange(30))]
+    history = ResponseHistory()
+    first = TrieProposer(prompt1, history)
+    first.observe(output1)
+    second = TrieProposer(prompt2, history)
+    turn1 = prompt1 + output1
+    writes = [(turn1[:i], turn1[i]) for i in range(len(turn1))]
+    writes += [(prompt2[:i], prompt2[i]) for i in range(len(kept), len(prompt2))]
+    depth = second.trie.depth
+
+    def check(node: dict, path: tuple[int, ...]) -> None:
+        assert list(reversed(node)) == _latest_followers(writes, path, depth)
+        for token, child in node.items():
+            check(child, path + (token,))
+
+    check(second.trie.root, ())
+    assert all(second.anchors[n] is _at(second.trie.root, prompt2[len(prompt2) - n:])
+               for n in range(len(second.anchors)))
+    assert second.trie.last == prompt2

@@ -55,7 +55,8 @@ def add_replay_commands(commands) -> None:
                              "speculation alone): " + "; ".join(
                             f"{name}: {MODE_TABLE[name].summary}" for name in TRACE_MODES))
     traces.add_argument("--orders", default="cold,deployment",
-                        help="cold (each trace alone) and/or deployment (file order, earlier responses cached)")
+                        help="cold (each trace alone) and/or deployment (file order, earlier responses "
+                             "cached, the last request's KV kept)")
     traces.add_argument("--cost-model", default="gpu",
                         help="comma-separated: the preset 'gpu', gpu:MS (its step MS milliseconds) and/or JSON files "
                              "from ssr calibrate (default gpu)")

@@ -23,8 +23,9 @@ on its own fork, a pass priced as a batch of them); `candidates="chain"` what vL
 draft chain per request per step: the span policy picks one candidate among every source's).
 
 Orders: `cold` (each trace alone: no earlier responses, nothing learnt) and `deployment` (the
-file's order within each (set, model) group, the earlier responses cached and the span
-statistics carried, as a server would hold them).
+file's order within each (set, model) group, the earlier responses cached, the span
+statistics carried and the last request's KV kept (a prompt prefills only what it does not
+hold: replay.KeptKV), as a server would hold them).
 """
 from __future__ import annotations
 

@@ -13,6 +13,7 @@ from collections import deque
 from collections.abc import Sequence
 from itertools import islice
 
+from ..engines.prefix import common_prefix
 from .history import ResponseHistory
 from .proposers import CHAIN
 from .source import Source
@@ -36,6 +37,21 @@ class RecencyTrie:
         self.depth = depth  # longest window
         self.root: Node = {}  # the empty window
         self.nodes = 0  # nodes below the root (bounded by the proposer: MAX_NODES)
+        self.last: list[int] = []  # what the latest request wrote (its prompt, then its output), in order
+
+    def walk(self, tokens: Sequence[int]) -> list[Node]:
+        """The anchors after `tokens` (at most depth - 1 of them) as write would leave them, for
+        windows written already: nothing is written, no recency changes."""
+        anchors = [self.root]
+        for token in tokens:
+            out = [self.root]
+            for node in anchors:
+                child = node.get(token)
+                if child is None:
+                    break
+                out.append(child)
+            anchors = out[: self.depth]
+        return anchors
 
     def write(self, anchors: list[Node], token: int) -> list[Node]:
         """Append `token` after a context whose last 0, 1, .. tokens end at anchors[0], [1], ..
@@ -63,8 +79,12 @@ class TrieProposer:
         if history is not None and self.trie.nodes > MAX_NODES:  # full: the deployment's windows
             self.trie = history.renew("ssr-trie", RecencyTrie)  # start over (as the history's trees do)
         self.nodes = nodes  # draft tokens a pass
-        self.anchors = [self.trie.root]  # [n]: the node of the context's last n tokens, n < depth
-        self.observe(prompt)
+        # the prompt's start the latest request wrote already (turn N of a conversation starts as
+        # turn N - 1's prompt and output did) keeps the recency it was written with; the rest is written
+        written = common_prefix(self.trie.last, prompt)
+        self.anchors = self.trie.walk(prompt[max(0, written - self.trie.depth):written])
+        self.trie.last = list(prompt[:written])
+        self.observe(prompt[written:])
 
     def add_source(self, token_ids: Sequence[int]) -> None:
         """Drafts are the suffix tree's to copy from."""
@@ -72,6 +92,7 @@ class TrieProposer:
     def observe(self, token_ids: Sequence[int]) -> None:
         for token in token_ids:
             self.anchors = self.trie.write(self.anchors, int(token))
+        self.trie.last.extend(token_ids)
 
     def propose(self, max_tokens: int) -> tuple[list[int], list[float] | None]:
         found = self.candidates(max_tokens)
