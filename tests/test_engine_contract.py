@@ -240,13 +240,12 @@ def test_declared_capabilities_match_the_methods(cls):
     declaration: each flag must agree with the optional protocol the class implements."""
     import inspect
 
-    from ssr.engines.base import SequenceSlots
-
     caps, has = cls.capabilities, lambda name: callable(getattr(cls, name, None))
+    declares = lambda name: any(name in vars(c).get("__annotations__", {}) for c in cls.__mro__)  # noqa: E731
     assert caps.shares_passes == has("score_batch")
     assert caps.tree_attention == (has("score_tree") and has("keep_path"))
     assert caps.modelled_clock == has("clock")
-    assert caps.keeps_prefix == issubclass(cls, SequenceSlots)
+    assert caps.keeps_prefix == declares("prefix")  # KeepsPrefix: SequenceSlots, the replay's KeptKV
     assert caps.requests == has("open")
     assert caps.returns_ids == (has("step") and "ids" in inspect.signature(cls.step).parameters)
     assert has("live_sequences")

@@ -80,6 +80,7 @@ class ReplayEngine:
     bos_text, eos_text = "", ""
     # greedy loops ask for the argmax ids (ids=True), never built as rows; its clock models seconds
     capabilities = Capabilities(returns_ids=True, shares_passes=True, modelled_clock=True, keeps_prefix=True)
+    prefix: KeptKV  # KeepsPrefix: what a deployment's server kept from its last request
 
     def __init__(self, model: RowModel, costs: CostTable, host: str | float | None = None,
                  max_sequences: int = 4, kept: KeptKV | None = None) -> None:

@@ -178,6 +178,7 @@ class SequenceSlots:
 
     batch_size: int  # most tokens one pass feeds
     slots = 1  # one request at a time: its parent and children fill the batch (docs/serve.md)
+    prefix: PrefixKeeper | None  # KeepsPrefix: the kept sequence (None: keeping is off)
 
     def __init__(self, max_sequences: int, keep_prefix: bool = False) -> None:
         self.max_sequences = max_sequences
