@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from .tools import ReadAnswer, ToolCall, ToolCallFormat, _new_id, _unfenced, parse_call
+from .tools import ReadAnswer, ToolCall, ToolCallFormat, new_call_id, parse_call, unfenced
 
 _SPACE = " \t\r\n"
 
@@ -186,7 +186,7 @@ class CallStream:
             return events
         if self._bare is not None:  # the whole answer is one call, or it is content
             head, self._head = self._head, None
-            read = self._read(self._bare, _unfenced(self._bare), head)
+            read = self._read(self._bare, unfenced(self._bare), head)
             if isinstance(read, ToolCall):
                 self.calls += 1
                 return self._whole(read) if not head else [("call", read)]
@@ -215,7 +215,7 @@ class CallStream:
             if head is False or head[0] not in self.offered:
                 self._head = False
                 return
-            self._head = _Arguments(self.indices, _new_id(), head[0], begin + head[1])
+            self._head = _Arguments(self.indices, new_call_id(), head[0], begin + head[1])
             self.indices += 1
             events.append(("delta", CallDelta(self._head.index, self._head.id, self._head.name, "")))
         if self._head:

@@ -68,7 +68,7 @@ class ReadAnswer:
     problems: list[str] = field(default_factory=list)  # why a call-looking text stayed content
 
 
-def _new_id() -> str:
+def new_call_id() -> str:
     import uuid
 
     return f"call_{uuid.uuid4().hex[:24]}"
@@ -94,10 +94,10 @@ def parse_call(body: str, fmt: ToolCallFormat, offered: frozenset[str], call_id:
             return f"the call's arguments are not valid JSON ({error})"
     if not isinstance(arguments, dict):
         return "the call's arguments are not a JSON object"
-    return ToolCall(call_id or _new_id(), name, json.dumps(arguments, ensure_ascii=False))
+    return ToolCall(call_id or new_call_id(), name, json.dumps(arguments, ensure_ascii=False))
 
 
-def _unfenced(text: str) -> str:
+def unfenced(text: str) -> str:
     """The text inside one ``` fence (```json or bare), or the text itself."""
     text = text.strip()
     if text.startswith("```") and text.endswith("```") and text.count("```") == 2:
