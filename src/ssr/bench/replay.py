@@ -31,7 +31,7 @@ import numpy as np
 
 from ..pricing.costs import CostTable
 from ..engines.base import Capabilities, TokenListTree
-from ..engines.prefix import common_prefix
+from ..engines.prefix import MIN_SHARED_TOKENS, common_prefix
 from ..proposing.proposers import CHAIN
 from ..proposing.source import Source
 from ..formats.thinking import ThinkingFormat
@@ -48,7 +48,7 @@ class KeptKV:
 
     tokens: Sequence[int] = ()  # the last request's prompt and output
     reused: int = 0  # prompt tokens the last prefill took from them (0: a cold prefill)
-    min_tokens: int = 16  # a shorter common prefix is not taken (engines/prefix.PrefixKeeper's)
+    min_tokens: int = MIN_SHARED_TOKENS  # a shorter common prefix is not taken (as PrefixKeeper's)
 
     def take(self, prompt: Sequence[int]) -> int:
         """How many of the prompt's first tokens are in the kept KV (recorded as `reused`)."""

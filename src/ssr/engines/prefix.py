@@ -24,10 +24,13 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     return size
 
 
+MIN_SHARED_TOKENS = 16  # a shorter common prefix is not worth keeping (or taking) a stream for
+
+
 class PrefixKeeper:
     """The tokens each live sequence holds, and the one released sequence kept for reuse."""
 
-    def __init__(self, min_tokens: int = 16) -> None:
+    def __init__(self, min_tokens: int = MIN_SHARED_TOKENS) -> None:
         self.min_tokens = min_tokens  # a shorter common prefix is not worth keeping a stream for
         self.tokens: dict[int, list[int]] = {}  # live sequence -> the tokens in its KV cache, in order
         self.kept: tuple[int, list[int]] | None = None  # (released sequence, its tokens), its KV intact

@@ -5,6 +5,15 @@ import codecs
 import re
 
 
+def partial_marker(text: str, marker: str) -> int:
+    """The length of the longest tail of `text` that is a proper prefix of `marker` (text that
+    may yet open it, held back by streams)."""
+    for size in range(min(len(text), len(marker) - 1), 0, -1):
+        if marker.startswith(text[-size:]):
+            return size
+    return 0
+
+
 class TextStream:
     """Bytes of tokens in, complete UTF-8 text out.
 
@@ -27,18 +36,12 @@ class TextStream:
             self._held = self._held[: self._held.index(self._marker)]
             self.stopped = True
             return self._emit(len(self._held))
-        return self._emit(len(self._held) - self._partial_marker_len())
+        return self._emit(len(self._held) - partial_marker(self._held, self._marker))
 
     def flush(self) -> str:
         if not self.stopped:
             self._held += self._decoder.decode(b"", final=True)
         return self._emit(len(self._held))
-
-    def _partial_marker_len(self) -> int:
-        for size in range(min(len(self._marker) - 1, len(self._held)), 0, -1):
-            if self._marker.startswith(self._held[-size:]):
-                return size
-        return 0
 
     def _emit(self, upto: int) -> str:
         out, self._held = self._held[:upto], self._held[upto:]

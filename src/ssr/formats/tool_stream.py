@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+from .text import partial_marker
 from .tools import ReadAnswer, ToolCall, ToolCallFormat, new_call_id, parse_call, unfenced
 
 _SPACE = " \t\r\n"
@@ -164,7 +165,7 @@ class CallStream:
             marker = self.fmt.end if self._in_call else self.fmt.start
             at = self._held.find(marker)
             if at < 0:
-                keep = _partial(self._held, marker)
+                keep = partial_marker(self._held, marker)
                 if self._in_call:  # stream what is surely the call's (not a possible end marker)
                     self._stream(self._held, 0, len(self._held) - keep, events)
                 else:  # send all but a possible marker start
@@ -226,14 +227,17 @@ class CallStream:
     def _stream_bare(self, events: list) -> None:
         """A bare answer (fmt.bare) streams as a call does once it opens as one, past a fence's
         first line (```json)."""
-        text = self._bare
-        begin = len(text) - len(text.lstrip())
-        if "```".startswith(text[begin:]):  # a fence, or not yet known
+        if self._head is False:  # it opened as no call: nothing to stream
             return
-        if text.startswith("```", begin):
-            begin = text.find("\n", begin) + 1
-            if not begin:  # the fence's line is not written yet
+        text, begin = self._bare, 0
+        if self._head is None:  # where its JSON starts is still to be found
+            begin = len(text) - len(text.lstrip())
+            if "```".startswith(text[begin:]):  # a fence, or not yet known
                 return
+            if text.startswith("```", begin):
+                begin = text.find("\n", begin) + 1
+                if not begin:  # the fence's line is not written yet
+                    return
         self._stream(text, begin, len(text), events)
 
     def _read(self, text: str, body: str, head: _Arguments | bool | None) -> ToolCall | str:
@@ -281,14 +285,6 @@ def _same(streamed: str, arguments: str) -> bool:
         return json.loads(streamed) == json.loads(arguments)
     except ValueError:
         return False
-
-
-def _partial(text: str, marker: str) -> int:
-    """The length of the longest tail of `text` that is a proper prefix of `marker`."""
-    for size in range(min(len(text), len(marker) - 1), 0, -1):
-        if marker.startswith(text[-size:]):
-            return size
-    return 0
 
 
 def read_calls(text: str, fmt: ToolCallFormat, offered: frozenset[str], limit: int | None = None) -> ReadAnswer:

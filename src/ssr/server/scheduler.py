@@ -286,7 +286,8 @@ class _Seen:
             self.first = now
         if answer and self.first_answer is None:
             self.first_answer = now
-        (self.answer if answer else self.reasoning).append(piece)
+        if piece:
+            (self.answer if answer else self.reasoning).append(piece)
 
 
 def _calls(request: ParsedRequest, model):
