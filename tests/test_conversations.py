@@ -5,12 +5,13 @@ tool-calling request's log line replayed token for token."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 from test_traces import GPU, WordVocab
 
 from ssr.bench.conversations import render_messages
-from ssr.bench.trace_replay import replay_all
+from ssr.bench.trace_replay import replay_all, replay_trace
 from ssr.bench.traces import load_traces, parse_record, read_traces, tokenize_trace
 from ssr.bench.turns import answer_passes, turn_table
 from ssr.config import ConfigError
@@ -68,6 +69,32 @@ def test_openai_shaped_calls_and_a_served_log_line_with_tools():
     (trace,) = parse_record(served, "log")
     assert trace.answer == '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>'
     assert dict(trace.parts)["arguments"] == '{"city": "Oslo"}'
+
+
+def test_tool_calling_requests_copy_from_their_messages_escaped():
+    """A call's arguments are JSON: turn 2 writes the file the tool showed it raw with its newlines
+    escaped. Tools offered, its messages' escaped views are ssr's sources too, and ssr copies the
+    file into the arguments in fewer passes, the output the trace's token for token."""
+    turns = parse_record(CONVERSATION, "agentic")
+    assert all(turn.tools for turn in turns)
+    vocab = WordVocab()
+    second = tokenize_trace(turns[1], vocab)
+    tool_result = "<tool_response>\ndef add(a, b):\n    return a - b\n\n</tool_response>"
+    assert vocab.tokenize(json.dumps(tool_result)[1:-1]) in second.views
+    plain = replace(second, views=())
+    passes = {}
+    for name, tokens in (("with views", second), ("without", plain)):
+        row = replay_trace(tokens, "ssr", GPU, "cold")
+        assert row["identical"]
+        passes[name] = answer_passes(row)["arguments"][1]
+    assert passes["with views"] < passes["without"]
+    served = {"messages": [{"role": "user", "content": "Weather?"}], "reasoning": "", "answer": "Sunny.",
+              "model": "m", "id": "r2"}
+    assert not parse_record(served, "log")[0].tools  # no tools offered: no views
+    assert not tokenize_trace(parse_record(served, "log")[0], vocab).views
+    assert parse_record({**served, "tools": [{"type": "function", "function": {"name": "f"}}]}, "log")[0].tools
+    assert not parse_record({**served, "tools": [{"type": "function", "function": {"name": "f"}}],
+                             "tool_choice": "none"}, "log")[0].tools
 
 
 @pytest.mark.parametrize("record, says", [

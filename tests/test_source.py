@@ -3,7 +3,7 @@ import pytest
 
 from ssr.pricing.costs import CostModel
 from ssr.pricing.span_policy import SpanPolicy
-from ssr.proposing.source import NO_SOURCE, Source
+from ssr.proposing.source import NO_SOURCE, SUFFIX_MATCHES, Source
 
 pytestmark = pytest.mark.shared_data  # needs nothing from ../shared: runs from a clone too
 
@@ -25,3 +25,33 @@ def test_first_token_prior_follows_the_match_length(source, name, prior):
     assert source.prior == pytest.approx(prior) and str(source) == name
     stats = SpanPolicy(CPU_LIKE).stats[source]  # a new source starts from its own prior
     assert stats.prior_first == pytest.approx(prior) and stats.probs(1) == pytest.approx([prior])
+
+
+@pytest.mark.parametrize("tree", ["arctic-inference", "ssr"])
+def test_the_escaped_views_are_a_source_of_their_own(tree, monkeypatch):
+    """Tools offered, ssr's proposer holds a suffix tree of the messages' escaped views apart from
+    the prompt's: where the output runs on as a view does (a tool's file written into a call's
+    JSON string), it proposes the view's continuation, named "escaped/<bucket>"; where no view
+    matches, nothing."""
+    import sys
+
+    from ssr.config import GenerationConfig, SuffixParams
+    from ssr.proposing.proposers import escaped_suffix, request_proposer
+
+    if tree == "ssr":
+        monkeypatch.setitem(sys.modules, "ssr.proposing.suffix_native", None)  # arctic-inference absent
+    else:
+        pytest.importorskip("arctic_inference.suffix_decoding")
+    params = SuffixParams(max_depth=16, max_span=8)
+    prompt, view = [1, 2, 3, 9, 4, 5], [1, 2, 3, 7, 8, 4, 5, 6]  # the view: 9 written as 7 8
+    proposer = escaped_suffix(params, prompt, [view], 0.0)
+    assert proposer.implementation == tree
+    proposer.observe([30, 31])
+    assert proposer.candidates(8) == []  # the context occurs in no view
+    proposer.observe([1, 2, 3])
+    ((source, span),) = proposer.candidates(8)
+    assert str(source) == f"escaped/{SUFFIX_MATCHES.index(source.match)}" and source.kind == "escaped"
+    assert span[:5] == [7, 8, 4, 5, 6]
+    whole = request_proposer(GenerationConfig(mode="ssr"), 0.0, prompt, None, views=[view])
+    assert "escaped" in whole.proposers
+    assert "escaped" not in request_proposer(GenerationConfig(mode="ssr"), 0.0, prompt, None).proposers

@@ -12,7 +12,8 @@ import pytest
 from ssr.engines.fake import FakeEngine
 from ssr.formats.thinking import render_chat
 from ssr.formats.tool_stream import CallStream, call_head, read_calls
-from ssr.formats.tools import FORMATS, ToolUse, forced_call_prefix, hermes_messages, template_messages
+from ssr.formats.tools import (FORMATS, ToolUse, escaped_views, forced_call_prefix, hermes_messages, message_texts,
+                               template_messages)
 
 HERMES = FORMATS["hermes"]
 OFFERED = frozenset({"get_weather", "search"})
@@ -227,3 +228,34 @@ def test_tool_choice_none_reads_no_calls_and_completions_refuse_tools():
 def test_tool_use_value():
     use = ToolUse((TOOL,), "none")
     assert use.offered == {"get_weather"} and not use.active
+
+
+@pytest.mark.parametrize("text, view", [
+    ("def add(a, b):\n    return a - b\n", "def add(a, b):\\n    return a - b\\n"),
+    ('say "hi"\tnow', 'say \\"hi\\"\\tnow'),
+    ("C:\\temp and ü", "C:\\\\temp and ü"),  # non-ASCII as written (what models write in JSON)
+    ("one line, nothing to escape", None),
+])
+def test_escaped_views_write_each_text_as_a_json_string(text, view):
+    assert escaped_views([text]) == ([] if view is None else [view])
+    if view is not None:
+        assert json.loads('"' + view + '"') == text
+
+
+def test_message_texts_and_a_tool_calling_request_s_sources():
+    """Tools offered, a request's sources are its messages' escaped views (a call writes the file a
+    tool showed, escaped); tool_choice none, or a mode without ssr's proposer, none."""
+    from ssr.api import SSR
+    from ssr.config import GenerationConfig
+
+    messages = [{"role": "user", "content": [{"type": "text", "text": "Fix "}, {"type": "text", "text": "it."}]},
+                {"role": "assistant", "content": None, "tool_calls": []},
+                {"role": "tool", "tool_call_id": "c1", "content": "def f():\n    return 1\n"}]
+    assert message_texts(messages) == ["Fix it.", "def f():\n    return 1\n"]
+    model = SSR("fake", engine=ScriptedEngine(["ok"]))
+    config = GenerationConfig(thinking_budget=0, max_tokens=8)
+    view = model.engine.tokenize("def f():\\n    return 1\\n")
+    assert model.start(messages, config, tools=ToolUse((TOOL,))).views == [view]
+    assert model.start(messages, config, tools=ToolUse((TOOL,), "none")).views == []
+    assert model.start(messages, config).views == []
+    assert model.start(messages, GenerationConfig(mode="ar", thinking_budget=0), tools=ToolUse((TOOL,))).views == []

@@ -11,8 +11,8 @@ from .pricing.costs import CostModel
 from .pricing.drafting import PolicyStats
 from .proposing.history import ResponseHistory
 from .formats.thinking import ThinkingFormat, build_messages, detect_format, render_chat, with_system
-from .formats.tools import (ToolUse, detect_tool_format, forced_call_prefix, hermes_messages, template_messages,
-                    template_renders_tools)
+from .formats.tools import (ToolUse, detect_tool_format, escaped_views, forced_call_prefix, hermes_messages,
+                            message_texts, template_messages, template_renders_tools)
 
 
 class SSR:
@@ -97,7 +97,8 @@ class SSR:
               history: ResponseHistory | None = None, tools: ToolUse | None = None) -> Generation:
         """A request ready to iterate (streaming); `.result` once iterated. `history`: earlier
         responses to copy from (default: this model's earlier requests); `tools`: the request's
-        tools (the answer's calls are read by the caller: tool_stream.CallStream)."""
+        tools (the answer's calls are read by the caller: tool_stream.CallStream; the messages'
+        escaped views are sources to copy from, tools.escaped_views)."""
         fmt = self.format(template, tools)
         prompt_ids = self.prompt_ids(prompt, template, tools)
         if fmt.name == "none" and config.thinking_budget:  # nothing to think inside
@@ -107,8 +108,12 @@ class SSR:
 
             return VllmGeneration(self.engine, fmt, config, prompt_ids, self.banned_ids(fmt),
                                   costs=self.costs, stats=self.stats)
+        texts = [prompt] if isinstance(prompt, str) else message_texts(prompt)
+        views = [self.engine.tokenize(view) for view in escaped_views(texts)] \
+            if tools is not None and tools.active and config.uses_draft else []  # calls write JSON: copy escaped
         return Generation(self.engine, fmt, config, prompt_ids, self.banned_ids(fmt),
-                          costs=self.costs, stats=self.stats, history=self.history if history is None else history)
+                          costs=self.costs, stats=self.stats, history=self.history if history is None else history,
+                          views=views)
 
     def generate(self, prompt: str, config: GenerationConfig, template: str | None = None) -> Result:
         return self.start(prompt, config, template).run()

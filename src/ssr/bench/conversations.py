@@ -94,6 +94,16 @@ def render_messages(messages: list[dict], where: str = "messages") -> tuple[tupl
     return tuple(out)
 
 
+def offers_tools(messages, tools=None, choice=None) -> bool:
+    """Whether the request offered tools: its `tools` (and a tool_choice other than "none"), or,
+    where a record holds no definitions (the agent traces), a conversation that calls them."""
+    if tools:
+        return choice != "none"
+    return isinstance(messages, list) and any(
+        isinstance(message, dict) and (message.get("role") == "tool" or message.get("tool_calls"))
+        for message in messages)
+
+
 def _is_tool_response(content: str) -> bool:
     return content.startswith("<tool_response>") and content.endswith("</tool_response>")
 

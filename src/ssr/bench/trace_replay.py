@@ -97,7 +97,7 @@ def replay_trace(tokens: TokenTrace, mode: str, setting: CostSetting, order: str
         model, setting.costs, host=host, max_sequences=1 if candidates == "chain" else SEQUENCES, kept=kept)
     started = time.perf_counter()
     generation = Generation(engine, REPLAY_FORMAT, config, tokens.prompt_ids, costs=CostModel(table=setting.costs),
-                            stats=stats, plan=NO_DRAFT, history=history, proposer=proposer)
+                            stats=stats, plan=NO_DRAFT, history=history, proposer=proposer, views=tokens.views)
     result = generation.run()
     wall_s = time.perf_counter() - started
     identical = result.cot_ids == engine.cot and result.answer_ids == engine.answer

@@ -27,7 +27,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ..config import ConfigError
-from .conversations import answer_parts, calls_of, conversation_turns, render_messages
+from ..formats.tools import escaped_views
+from .conversations import answer_parts, calls_of, conversation_turns, offers_tools, render_messages
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,7 @@ class TextTrace:
     task: str = ""  # the task it answers (several traces may: prompt variants, runs)
     turn: int = 0  # its turn in an agent conversation, from 1 (0: a single request)
     parts: tuple[tuple[str, str], ...] = ()  # the answer as (part, text): content, call, arguments
+    tools: bool = False  # tools were offered (an agent's conversation, a request with `tools`): calls may follow
 
     @property
     def group(self) -> str:
@@ -54,6 +56,7 @@ class TokenTrace:
     cot_ids: list[int]  # the CoT, its end-of-thinking token last
     answer_ids: list[int]  # the answer (EOS follows it)
     answer_parts: tuple[str, ...] = ()  # each answer token's part (content, call, arguments); () : all content
+    views: tuple[list[int], ...] = ()  # tools offered: the messages' escaped views, for ssr to copy from
 
 
 def set_name(path: Path) -> str:
@@ -98,8 +101,9 @@ def parse_record(data: dict, set_name: str) -> list[TextTrace]:
     if isinstance(data, dict) and "messages" in data and not {"answer", "reasoning"} & data.keys():
         model = _short(data.get("model") or "unknown")
         task = str(data.get("task_id") or data.get("id") or "")
+        tools = offers_tools(data["messages"], data.get("tools"), data.get("tool_choice"))
         turns = [TextTrace(set_name, model, f"{task}/turn{turn}", messages, reasoning,
-                           "".join(text for _, text in parts), task, turn, parts)
+                           "".join(text for _, text in parts), task, turn, parts, tools)
                  for turn, messages, reasoning, parts in conversation_turns(data)]
         if not turns:
             raise ValueError("a conversation without an assistant turn (or a served request without its "
@@ -122,14 +126,16 @@ def parse_trace(data: dict, set_name: str) -> TextTrace | None:
         item = str(data.get("id") or response.get("id") or "")
         parts = answer_parts(message.get("content") or "", calls_of(message, "message"))
         return TextTrace(set_name, _short(model), item, render_messages(request["messages"]), cot,
-                         "".join(text for _, text in parts), parts=parts if message.get("tool_calls") else ())
+                         "".join(text for _, text in parts), parts=parts if message.get("tool_calls") else (),
+                         tools=offers_tools(request["messages"], request.get("tools"), request.get("tool_choice")))
     if "messages" in data:  # a served request's log line
         if data.get("finish", "stop") not in ("stop", "length", "tool_calls"):
             return None
         parts = answer_parts(_text(data.get("answer") or ""), calls_of(data, "tool_calls"))
         return TextTrace(set_name, _short(data.get("model") or "unknown"), str(data.get("id", "")),
                          render_messages(data["messages"]), _text(data.get("reasoning") or ""),
-                         "".join(text for _, text in parts), parts=parts if data.get("tool_calls") else ())
+                         "".join(text for _, text in parts), parts=parts if data.get("tool_calls") else (),
+                         tools=offers_tools(data["messages"], data.get("tools"), data.get("tool_choice")))
     item = "/".join(str(data[key]) for key in ("task_id", "setting", "run") if data.get(key) is not None)
     return TextTrace(set_name, _short(data.get("model") or "unknown"), item, (("user", _text(data["prompt"])),),
                      _text(data["cot"]), _text(data["answer"]), str(data.get("task_id", item)))
@@ -154,15 +160,17 @@ def tokenize_trace(trace: TextTrace, vocab) -> TokenTrace:
     prompt += vocab.tokenize("<|im_start|>assistant\n", special=True) + vocab.tokenize("<think>\n")
     end_of_thinking = vocab.vocab_size  # an id outside the vocabulary: the marker as one token
     cot = vocab.tokenize(trace.cot) + [end_of_thinking]
+    texts = escaped_views(content for _, content in trace.messages) if trace.tools else []
+    views = tuple(vocab.tokenize(text) for text in texts)  # as `ssr serve` makes them (api.SSR.start)
     if not trace.parts:
-        return TokenTrace(trace, prompt, cot, vocab.tokenize(trace.answer))
+        return TokenTrace(trace, prompt, cot, vocab.tokenize(trace.answer), views=views)
     answer: list[int] = []
     labels: list[str] = []
     for part, text in trace.parts:  # each part on its own: its tokens keep their part
         ids = vocab.tokenize(text)
         answer += ids
         labels += [part] * len(ids)
-    return TokenTrace(trace, prompt, cot, answer, tuple(labels))
+    return TokenTrace(trace, prompt, cot, answer, tuple(labels), views)
 
 
 def load_traces(paths: list[Path], limit: int | None = None, groups: list[str] | None = None,

@@ -10,6 +10,8 @@ does not parse, or that names no offered tool, stays in the content with the rea
   docs/agents.md, "Tools in `ssr serve`").
 - `parse_call(body, ...)`: one call's text -> a ToolCall, or the reason it is none. Reading an
   answer, whole or as it streams, is tool_stream.py's (`read_calls`, `CallStream`).
+- `escaped_views(texts)`: the prompt's texts as a call's JSON arguments would write them, for
+  the proposers to copy from.
 """
 from __future__ import annotations
 
@@ -107,6 +109,32 @@ def unfenced(text: str) -> str:
 
 
 # -- the prompt: tools and earlier calls into the chat template ------------------------------
+
+
+def escaped_views(texts) -> list[str]:
+    """Each text as a JSON string writes it (quotes, backslashes, newlines and other control
+    characters escaped; other characters as they are), where that differs from the text. A
+    call's arguments are JSON: an agent that edits or writes a file a tool showed it writes that
+    file's lines escaped, and a copy from the raw text breaks at every newline and quote; from
+    these views it does not (docs/agents.md, "Copying into a call's arguments")."""
+    views = []
+    for text in texts:
+        escaped = json.dumps(text, ensure_ascii=False)[1:-1]
+        if escaped != text:
+            views.append(escaped)
+    return views
+
+
+def message_texts(messages: list[dict]) -> list[str]:
+    """The text of each message's content (a string, or its text parts joined)."""
+    texts = []
+    for message in messages:
+        content = message.get("content")
+        if isinstance(content, list):
+            content = "".join(part.get("text", "") for part in content if isinstance(part, dict))
+        if isinstance(content, str) and content:
+            texts.append(content)
+    return texts
 
 
 def template_messages(messages: list[dict]) -> list[dict]:

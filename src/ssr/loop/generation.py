@@ -51,9 +51,10 @@ class Generation(Walk):
                  prompt_ids: Sequence[int], banned_ids: Sequence[int] = (),
                  costs: CostModel | None = None, stats: PolicyStats | None = None,
                  proposer: Proposer | None = None, plan: Plan | None = None,
-                 history: ResponseHistory | None = None) -> None:
+                 history: ResponseHistory | None = None, views: Sequence[Sequence[int]] = ()) -> None:
         super().__init__(engine, fmt, config, prompt_ids, stats)
         self.history = history  # earlier responses: suffix trees copy from them; this one joins at the end
+        self.views = views  # tools offered: the messages' escaped views, for ssr's proposer to copy from
         self._proposer = proposer  # spans from this proposer instead of the mode's (`ssr simulate --spans recorded`)
         # engine costs: the model's (measured, rescaled at start-up), learnt further from this
         # request's own calls only, so one request's load (another mode, a busy machine) does not
@@ -119,7 +120,8 @@ class Generation(Walk):
         """The mode's proposer (or the one given), its shape told to the candidate pass."""
         spec = self.speculation
         proposer = self._proposer or request_proposer(self.config, spec.extend, self.prompt_ids, self.history,
-                                                      several=spec.several, wide=spec.wide, trie=spec.trie)
+                                                      several=spec.several, wide=spec.wide, trie=spec.trie,
+                                                      views=self.views)
         if proposer is not None:
             self.candidates.shape = proposer.shape
             if proposer.shape.tree and not tree_passes(self.engine):

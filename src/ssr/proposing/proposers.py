@@ -145,8 +145,10 @@ class SuffixProposer(OneSource):
     implementation = "ssr"
 
     def __init__(self, params: SuffixParams, seeds: Sequence[Sequence[int]],
-                 history: ResponseHistory | None = None, extend_prob: float | None = None) -> None:
+                 history: ResponseHistory | None = None, extend_prob: float | None = None,
+                 kind: str = "suffix") -> None:
         self.params = params
+        self.kind = kind  # its candidates' source kind
         self.extend_prob = extend_prob  # not None: spans go on past the match length (SuffixTree.propose_from)
         self.tree = SuffixTree(params.max_depth)  # this request: seeds and the live output
         for seed in seeds:
@@ -172,7 +174,7 @@ class SuffixProposer(OneSource):
         a span policy measures each bucket apart)."""
         span, _, match_len = self._best(max_tokens)
         bucket = match_bucket(match_len)
-        return [(Source.suffix(bucket), span)] if span else []
+        return [(Source.suffix(bucket, kind=self.kind), span)] if span else []
 
     def _best(self, max_tokens: int) -> tuple[list[int], list[float], int]:
         """(span, probabilities, match length) of the request tree, or of the earlier responses'
@@ -372,15 +374,34 @@ def ssr_suffix(params: SuffixParams, prompt_ids: Sequence[int], history: Respons
         return SuffixProposer(params, [prompt_ids], history, extend_prob)
 
 
+def escaped_suffix(params: SuffixParams, prompt_ids: Sequence[int], views: Sequence[Sequence[int]],
+                   extend_prob: float | None) -> Proposer:
+    """ssr's source over the escaped views (tools offered: tools.escaped_views): a suffix tree of
+    the views and the output, apart from the prompt's so that neither's counts skew the other's;
+    its spans are named "escaped/<bucket>" and learnt apart (right inside a call's JSON strings,
+    seldom elsewhere)."""
+    try:
+        from .suffix_native import NativeSuffixProposer
+
+        proposer = NativeSuffixProposer(params, [], None, extend_prob, kind="escaped")
+        proposer.context = list(prompt_ids[-params.max_depth:])
+    except ImportError:
+        proposer = SuffixProposer(params, [], None, extend_prob, kind="escaped")
+    for view in views:
+        proposer.add_source(view)
+    return proposer
+
+
 def request_proposer(config, extend_prob: float | None, prompt_ids: Sequence[int],
                      history: ResponseHistory | None, several: bool = False, wide: bool = False,
-                     trie: bool = False) -> Proposer | None:
+                     trie: bool = False, views: Sequence[Sequence[int]] = ()) -> Proposer | None:
     """One proposer for a request's output, seeded with the prompt (drafts join at the close).
     ssr: its suffix tree (spans past the match length with `extend_prob`) and n-gram lookup
     compete; with `several` (several candidates a pass) the suffix tree's other branches too;
     with `wide` (a token tree or a chain picked among them) lookup's other ways and frequent tokens;
     with `trie` (a token tree; a chain loses more picks to its paths than it wins, docs/traces.md)
-    the recency trie's draft tree (trie.py). The peers as their users run them."""
+    the recency trie's draft tree (trie.py); with `views`, a suffix tree of them (escaped_suffix).
+    The peers as their users run them."""
     kind = config.proposer
     if kind == "suffix" and config.uses_draft:
         from .trie import TrieProposer  # (it imports this module)
@@ -390,6 +411,8 @@ def request_proposer(config, extend_prob: float | None, prompt_ids: Sequence[int
                                           FREQUENT if wide else 0)}
         if trie:
             parts["trie"] = TrieProposer(prompt_ids, history)
+        if views:
+            parts["escaped"] = escaped_suffix(params, prompt_ids, views, extend_prob)
         return CompetingProposers(parts)
     if kind == "suffix":
         return suffix_peer(prompt_ids, history)

@@ -12,7 +12,8 @@ SUFFIX_MATCHES = (1,) + MATCH_BUCKETS  # a suffix span's match-length bucket -> 
 # the context's 8 commonest tokens, proposers.FrequentTokens): the 8 together held the next token
 # 22-28% of the time on the development traces, ~3.5% each
 UNMATCHED_PRIORS = {"frequent": 0.05}
-NAMED_NO_MATCH_PRIOR = 0.9  # the first token's prior for other sources that name no match
+NAMED_NO_MATCH_PRIOR = 0.9
+SUFFIX_KINDS = ("suffix", "escaped")  # sources whose match is a suffix tree's bucket  # the first token's prior for other sources that name no match
 
 
 @dataclass(frozen=True)
@@ -21,8 +22,9 @@ class Source:
     the span policy's per-pass dict lookups find their key by identity (a value built with
     `Source(...)` is equal and hashes alike, only slower to look up)."""
 
-    kind: str  # "suffix" (the suffix tree), "lookup" (an n-gram's earliest occurrence), "recent" (a later
-    #            one), "other" (another way the n-gram went), "frequent", or a peer's or the oracle's name
+    kind: str  # "suffix" (the suffix tree), "escaped" (the suffix tree of the escaped views), "lookup" (an
+    #            n-gram's earliest occurrence), "recent" (a later one), "other" (another way the n-gram
+    #            went), "frequent", or a peer's or the oracle's name
     match: int | None = None  # tokens of context its spans follow at least (None: it names no match)
     alternative: bool = False  # another branch of the suffix tree after the same match than its best
     _hash: int = field(init=False, repr=False, compare=False, default=0)  # hash of the three above, once
@@ -40,9 +42,10 @@ class Source:
         return Source(kind, match, alternative)
 
     @staticmethod
-    def suffix(bucket: int, alternative: bool = False) -> Source:
-        """A suffix-tree span after a match in this bucket (suffix_tree.match_bucket)."""
-        return Source.of("suffix", SUFFIX_MATCHES[min(bucket, len(SUFFIX_MATCHES) - 1)], alternative)
+    def suffix(bucket: int, alternative: bool = False, kind: str = "suffix") -> Source:
+        """A suffix-tree span after a match in this bucket (suffix_tree.match_bucket); `kind`: whose
+        tree ("escaped": the escaped views')."""
+        return Source.of(kind, SUFFIX_MATCHES[min(bucket, len(SUFFIX_MATCHES) - 1)], alternative)
 
     @property
     def prior(self) -> float:
@@ -63,7 +66,7 @@ class Source:
         """"lookup/3", "suffix/2" (the bucket), "suffix/2~" (an alternative), "frequent", ..."""
         if self.match is None:
             return self.kind
-        number = SUFFIX_MATCHES.index(self.match) if self.kind == "suffix" else self.match
+        number = SUFFIX_MATCHES.index(self.match) if self.kind in SUFFIX_KINDS else self.match
         return f"{self.kind}/{number}{'~' if self.alternative else ''}"
 
 

@@ -36,8 +36,9 @@ class NativeSuffixProposer:
     shape = CHAIN
 
     def __init__(self, params: SuffixParams, prompt: Sequence[int], history=None,
-                 extend_prob: float | None = None, alternatives: int = 0) -> None:
+                 extend_prob: float | None = None, alternatives: int = 0, kind: str = "suffix") -> None:
         self.params = params
+        self.kind = kind  # its candidates' source kind
         self.alternatives = alternatives  # further candidates from the tree's other continuations (several a pass)
         self.extend_prob = extend_prob  # not None: spans past the match length, down to this probability
         self.tree = native_tree(params.max_depth)  # this request: prompt (0), output (1), drafts (2 ..)
@@ -68,10 +69,10 @@ class NativeSuffixProposer:
         if not span:
             return []
         bucket = match_bucket(match_len)
-        out = [(Source.suffix(bucket), span)]
+        out = [(Source.suffix(bucket, kind=self.kind), span)]
         for other in islice(self._branches(max_tokens), self.alternatives):
             if other[: len(span)] != span[: len(other)]:  # not a prefix of the best, nor extended by it
-                out.append((Source.suffix(bucket, alternative=True), other))
+                out.append((Source.suffix(bucket, True, self.kind), other))
         return out
 
     def _branches(self, max_tokens: int) -> Iterator[list[int]]:
