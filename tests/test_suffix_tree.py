@@ -3,7 +3,8 @@ import random
 import numpy as np
 import pytest
 
-from ssr.proposing.proposers import FrequentTokens, LookupProposer, PromptLookupProposer, SuffixProposer, vllm_ngram
+from ssr.proposing.lookup import FrequentTokens, LookupProposer, PromptLookupProposer, vllm_ngram
+from ssr.proposing.proposers import SuffixProposer
 from ssr.config import SuffixParams
 from ssr.proposing.suffix_tree import SuffixTree
 from ssr.proposing.source import Source

@@ -9,7 +9,7 @@ from .suffix_tree import MATCH_BUCKETS
 
 SUFFIX_MATCHES = (1,) + MATCH_BUCKETS  # a suffix span's match-length bucket -> the shortest match in it
 # sources whose spans follow no context match, and their first token's prior: "frequent" (one of
-# the context's 8 commonest tokens, proposers.FrequentTokens): the 8 together held the next token
+# the context's 8 commonest tokens, lookup.FrequentTokens): the 8 together held the next token
 # 22-28% of the time on the development traces, ~3.5% each
 UNMATCHED_PRIORS = {"frequent": 0.05}
 NAMED_NO_MATCH_PRIOR = 0.9

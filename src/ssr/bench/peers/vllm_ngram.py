@@ -3,7 +3,7 @@
 vLLM 0.32.0 (the version ssr pins) runs Model Runner V2 wherever Triton is present and no
 feature it lacks is asked for (vllm/config/vllm.py, `use_v2_model_runner`); there `ngram` is
 `NgramGPUSpeculator` (vllm/v1/worker/gpu/spec_decode/ngram/speculator.py), whose rule differs
-from the V1 runner's (`ngram-v1`, proposers.vllm_ngram):
+from the V1 runner's (`ngram-v1`, lookup.vllm_ngram):
 
 - the longest n in [prompt_lookup_min, prompt_lookup_max] whose n-gram ends the context
   (prompt + output, the token just sampled last) and occurs before, at its rightmost

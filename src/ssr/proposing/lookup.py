@@ -1,0 +1,177 @@
+"""n-gram lookup over prompt + output: prompt lookup as transformers runs it, vLLM's `ngram` (its
+V1 rule), and ssr's own lookup (earliest, latest and other occurrences, the context's frequent
+tokens), one source among ssr's (proposers.request_proposer)."""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from .proposers import OneSource
+from .source import Source
+
+
+class PromptLookupProposer(OneSource):
+    """Prompt-lookup decoding as transformers runs it (`prompt_lookup_num_tokens=10`, its
+    default `max_matching_ngram_size=2`): the last n tokens (n = max_ngram down to min_ngram)
+    are looked up in prompt + output, the earliest occurrence with a continuation wins, and the
+    num_tokens tokens after it are proposed, every step, CoT included."""
+
+    source = Source("lookup")
+
+    def __init__(self, seed: Sequence[int], max_ngram: int = 2, num_tokens: int = 10, min_ngram: int = 1) -> None:
+        self.max_ngram = max_ngram  # longest n-gram matched first
+        self.min_ngram = min_ngram  # shortest n-gram matched
+        self.num_tokens = num_tokens  # tokens proposed after the match
+        self.tokens: list[int] = []  # everything the model has seen
+        self._first: dict[tuple[int, ...], int] = {}  # n-gram -> start of its earliest occurrence
+        self.observe(seed)
+
+    def add_source(self, token_ids: Sequence[int]) -> None:
+        """Prompt lookup reads the request's own tokens only."""
+
+    def observe(self, token_ids: Sequence[int]) -> None:
+        tokens, first, low = self.tokens, self._first, self.min_ngram
+        for token in token_ids:
+            tokens.append(token)
+            for size in range(low, min(self.max_ngram, len(tokens)) + 1):
+                first.setdefault(tuple(tokens[-size:]), len(tokens) - size)
+
+    def propose(self, max_tokens: int) -> tuple[list[int], list[float] | None]:
+        limit = min(max_tokens, self.num_tokens)
+        tokens = self.tokens
+        for size in range(min(self.max_ngram, len(tokens) - 1), self.min_ngram - 1, -1):
+            start = self._first.get(tuple(tokens[-size:]))
+            if limit > 0 and start is not None and start < len(tokens) - size:  # not the suffix itself
+                return tokens[start + size : start + size + limit], None
+        return [], None
+
+
+class LookupProposer(PromptLookupProposer):
+    """ssr's n-gram lookup over prompt + output: prompt lookup's earliest occurrence of the last n
+    tokens (n = max_ngram down to 1: text the prompt states; `propose` is prompt lookup's), and
+    beside it their two latest occurrences before the context's end (what the CoT said the last
+    times it reached here: real CoTs restate their own recent lines), the tokens after each
+    proposed; then the latest occurrence of the longest shorter n-gram that goes another way.
+    Candidates whose first token an earlier one already offers are left out (the earliest and
+    latest are kept: the policy learns them apart). With `others` (several candidates a pass, as
+    one token tree), up to that many more: for the longest n-gram down, every other token the
+    context's last n tokens went on to, from the latest occurrence that went that way ("other/n";
+    a token tree verifies them for about the price of their nodes); with `frequent`, then the
+    context's that many commonest tokens no candidate starts with, each followed by what followed
+    its latest occurrence ("frequent": no context matched — where the last token is new, the
+    only candidates). Each candidate's source names its occurrence and n ("lookup/3",
+    "recent/2", "other/1"). O(max_ngram) per token; a proposal O(max_ngram + candidates)."""
+
+    def __init__(self, seed: Sequence[int], max_ngram: int = 3, num_tokens: int = 64, others: int = 0,
+                 frequent: int = 0) -> None:
+        self.frequent = FrequentTokens(frequent)  # 0-gram candidates: the context's most frequent tokens
+        self._latest: dict[tuple[int, ...], tuple[int, int | None]] = {}  # n-gram -> starts of its latest two
+        # [n]: starts of the latest two occurrences of the context's last n tokens before this one
+        self._before: list[tuple[int | None, int | None]] = [(None, None)] * (max_ngram + 1)
+        self.others = others  # further candidates: other tokens the n-gram went on to
+        # n-gram -> {the token that followed it: the start of the latest occurrence followed so}, oldest first
+        self._ways: dict[tuple[int, ...], dict[int, int]] = {}
+        super().__init__(seed, max_ngram, num_tokens, min_ngram=1)
+
+    def observe(self, token_ids: Sequence[int]) -> None:
+        tokens, first, latest, before, ways = self.tokens, self._first, self._latest, self._before, self._ways
+        for token in token_ids:
+            tokens.append(token)
+            end = len(tokens)
+            for size in range(1, min(self.max_ngram, end) + 1):
+                gram = tuple(tokens[end - size:])
+                before[size] = seen = latest.get(gram, (None, None))
+                latest[gram] = (end - size, seen[0])
+                first.setdefault(gram, end - size)  # prompt lookup's map, kept in the same pass
+                if self.others and end > size:  # the n-gram before this token went on to it
+                    went = ways.setdefault(tuple(tokens[end - 1 - size: end - 1]), {})
+                    went.pop(token, None)
+                    went[token] = end - 1 - size
+            self.frequent.count(token)
+
+    def candidates(self, max_tokens: int) -> list[tuple[Source, list[int]]]:
+        limit = min(max_tokens, self.num_tokens)
+        tokens, end = self.tokens, len(self.tokens)
+        if limit <= 0:
+            return []
+        sizes = [size for size in range(min(self.max_ngram, end - 1), 0, -1) if self._before[size][0] is not None]
+        if not sizes:  # the last token occurs nowhere before: only the context's frequent tokens
+            return self._frequent(set(), limit)
+        size, after = sizes[0], lambda start, n: tokens[start + n: start + n + limit]
+        earliest, (latest, second) = self._first[tuple(tokens[end - size:])], self._before[size]
+        out = [(Source.of("lookup", size), after(earliest, size))]
+        if latest != earliest:
+            out.append((Source.of("recent", size), after(latest, size)))
+        offered = {span[0] for _, span in out}
+        if second is not None and second != earliest and (span := after(second, size))[0] not in offered:
+            out.append((Source.of("recent", size), span))
+            offered.add(span[0])
+        for shorter in sizes[1:]:  # a shorter match whose latest occurrence goes another way
+            span = after(self._before[shorter][0], shorter)
+            if span[0] not in offered:
+                out.append((Source.of("recent", shorter), span))
+                offered.add(span[0])
+                break
+        return out + self._other_ways(sizes, offered, limit) + self._frequent(offered, limit)
+
+    def _other_ways(self, sizes: list[int], offered: set[int], limit: int) -> list[tuple[Source, list[int]]]:
+        """Up to `others` candidates: for the longest n-gram down, the tokens the context's last n
+        tokens went on to that no candidate offers yet, the latest first, each from the latest
+        occurrence that went that way."""
+        tokens, end, out = self.tokens, len(self.tokens), []
+        for size in sizes:
+            for token, start in reversed(self._ways.get(tuple(tokens[end - size:]), {}).items()):
+                if len(out) >= self.others:
+                    return out
+                if token not in offered:
+                    offered.add(token)
+                    out.append((Source.of("other", size), tokens[start + size: start + size + limit]))
+        return out
+
+    def _frequent(self, offered: set[int], limit: int) -> list[tuple[Source, list[int]]]:
+        """The context's most frequent tokens no candidate offers yet, most frequent first, each
+        followed by what followed its latest occurrence ("frequent": no context matched)."""
+        tokens, latest = self.tokens, self._latest
+        return [(Source.of("frequent"), tokens[start: start + limit]) for token in self.frequent.top
+                if token not in offered and (start := latest[(token,)][0]) is not None]
+
+
+class FrequentTokens:
+    """The `size` most frequent tokens of a context, kept as tokens are counted: O(size) a token
+    at worst, O(1) mostly (counts only grow, so a token enters the top only by passing its last).
+    Where no n-gram matches (a word the text has not used yet), the next token is often one of the
+    context's commonest: on the development traces among the 8 commonest 22-28% of the time."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size  # tokens kept
+        self.counts: dict[int, int] = {}  # token -> occurrences in the context (counted while size > 0)
+        self.top: list[int] = []  # the `size` most counted tokens, most first (ties: the first to get there)
+
+    def count(self, token: int) -> None:
+        if not self.size:
+            return
+        counts, top = self.counts, self.top
+        counts[token] = number = counts.get(token, 0) + 1
+        if token in top:
+            at = top.index(token)
+        elif len(top) < self.size:
+            top.append(token)
+            at = len(top) - 1
+        elif number > counts[top[-1]]:
+            top[-1], at = token, len(top) - 1
+        else:
+            return
+        while at and counts[top[at - 1]] < number:  # move up past those it now outnumbers
+            top[at - 1], top[at] = top[at], top[at - 1]
+            at -= 1
+
+
+def vllm_ngram(prompt: Sequence[int]) -> PromptLookupProposer:
+    """The `ngram` peer: vLLM's `ngram` method as vLLM's docs configure it,
+    {"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_max": 4}; prompt_lookup_min
+    left unset then equals prompt_lookup_max (vllm/config/speculative.py). Its proposer
+    (vllm/v1/spec_decode/ngram_proposer.py) takes the longest n-gram in [min, max] ending the
+    context (prompt + output) that occurred before, at its earliest occurrence, and proposes the
+    k tokens after it: prompt lookup with n = 4 exactly and 5 tokens."""
+    proposer = PromptLookupProposer(prompt, max_ngram=4, num_tokens=5, min_ngram=4)
+    proposer.source = Source("ngram")
+    return proposer
