@@ -108,9 +108,10 @@ class SSR:
 
             return VllmGeneration(self.engine, fmt, config, prompt_ids, self.banned_ids(fmt),
                                   costs=self.costs, stats=self.stats)
-        texts = [prompt] if isinstance(prompt, str) else message_texts(prompt)
-        views = [self.engine.tokenize(view) for view in escaped_views(texts)] \
-            if tools is not None and tools.active and config.uses_draft else []  # calls write JSON: copy escaped
+        views = []  # tools offered: calls write JSON, and ssr's proposer copies the messages escaped
+        if tools is not None and tools.active and config.uses_draft:
+            texts = [prompt] if isinstance(prompt, str) else message_texts(prompt)
+            views = [self.engine.tokenize(view) for view in escaped_views(texts)]
         return Generation(self.engine, fmt, config, prompt_ids, self.banned_ids(fmt),
                           costs=self.costs, stats=self.stats, history=self.history if history is None else history,
                           views=views)

@@ -12,8 +12,8 @@ SUFFIX_MATCHES = (1,) + MATCH_BUCKETS  # a suffix span's match-length bucket -> 
 # the context's 8 commonest tokens, lookup.FrequentTokens): the 8 together held the next token
 # 22-28% of the time on the development traces, ~3.5% each
 UNMATCHED_PRIORS = {"frequent": 0.05}
-NAMED_NO_MATCH_PRIOR = 0.9
-SUFFIX_KINDS = ("suffix", "escaped")  # sources whose match is a suffix tree's bucket  # the first token's prior for other sources that name no match
+NAMED_NO_MATCH_PRIOR = 0.9  # the first token's prior for other sources that name no match
+SUFFIX_KINDS = ("suffix", "escaped")  # sources whose match is a suffix tree's bucket
 
 
 @dataclass(frozen=True)
