@@ -302,23 +302,66 @@ def test_frequent_tokens_off_counts_nothing():
 @pytest.mark.parametrize("seed", range(20))
 def test_lookup_frequent_candidates_match_brute_force(seed):
     """With `frequent`, the n-gram candidates come first as without it, then the context's
-    commonest tokens no candidate starts with, each with what followed its latest occurrence;
-    where no n-gram matches, those alone."""
+    commonest tokens no candidate starts with, each with what followed its latest occurrence,
+    named by its rank's band (the 8 commonest "frequent", the next 8 "frequent@9", then
+    "frequent@17"); where no n-gram matches, those alone."""
     rng = random.Random(seed)
-    tokens = [rng.randrange(8) for _ in range(rng.randrange(1, 12))]
-    proposer = LookupProposer(tokens, max_ngram=3, num_tokens=6, others=2, frequent=3)
+    vocab, size = (8, 3) if seed % 2 else (28, 20)
+    tokens = [rng.randrange(vocab) for _ in range(rng.randrange(1, 12))]
+    proposer = LookupProposer(tokens, max_ngram=3, num_tokens=6, others=2, frequent=size)
     plain = LookupProposer(tokens, max_ngram=3, num_tokens=6, others=2)
-    for _ in range(40):
+    for _ in range(80):
         limit = rng.randrange(1, 9)
         first, context = plain.candidates(limit), proposer.tokens
         offered = {span[0] for _, span in first}
         latest = {token: at for at, token in enumerate(context)}
-        expected = first + [(Source("frequent"), context[latest[token]: latest[token] + min(limit, 6)])
-                            for token in _frequent_oracle(context, 3) if token not in offered]
+        expected = first + [(Source("frequent", band=0 if rank < 8 else 1 if rank < 16 else 2),
+                             context[latest[token]: latest[token] + min(limit, 6)])
+                            for rank, token in enumerate(_frequent_oracle(context, size)) if token not in offered]
         assert proposer.candidates(limit) == expected
-        new = [rng.randrange(8) for _ in range(rng.randrange(1, 3))]
+        new = [rng.randrange(vocab) for _ in range(rng.randrange(1, 3))]
         proposer.observe(new)
         plain.observe(new)
+
+
+def _skip_oracle(context):
+    """Tokens that came two after the context's second-to-last token, the latest first, each with
+    where it last came so: [(token, position)] (brute force)."""
+    found = {}
+    for i in range(len(context) - 2):
+        if context[i] == context[-2]:
+            found[context[i + 2]] = i + 2
+    return sorted(found.items(), key=lambda item: -item[1])
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_lookup_skip_candidates_match_brute_force(seed):
+    """With `skips`, after the n-gram candidates and the other ways, the tokens that came two
+    after the second-to-last token that no candidate starts with, the latest first, each with
+    what followed where it last came so; where no n-gram matches, those alone."""
+    rng = random.Random(seed)
+    vocab = 4 + seed % 8
+    tokens = [rng.randrange(vocab) for _ in range(rng.randrange(1, 12))]
+    proposer = LookupProposer(tokens, max_ngram=3, num_tokens=6, others=2, skips=2)
+    plain = LookupProposer(tokens, max_ngram=3, num_tokens=6, others=2)
+    for _ in range(60):
+        limit = rng.randrange(1, 9)
+        first, context = plain.candidates(limit), proposer.tokens
+        offered = {span[0] for _, span in first}
+        skipped = [(Source("skip"), context[at: at + min(limit, 6)])
+                   for token, at in _skip_oracle(context) if token not in offered][:2]
+        assert proposer.candidates(limit) == first + skipped
+        new = [rng.randrange(vocab) for _ in range(rng.randrange(1, 3))]
+        proposer.observe(new)
+        plain.observe(new)
+
+
+def test_lookup_skips_a_word():
+    """"the red dog ... the big": the last token ("big") went nowhere before, but what came two
+    after "the" did: "dog", and what followed it."""
+    the, red, dog, ran, big = 1, 2, 3, 4, 5
+    proposer = LookupProposer([the, red, dog, ran, the, big], max_ngram=2, num_tokens=2, skips=2)
+    assert proposer.candidates(2) == [(Source("skip"), [dog, ran])]
 
 
 def test_lookup_offers_frequent_tokens_where_no_n_gram_matches():

@@ -234,13 +234,14 @@ class SpanPolicy:
                     tree: bool = False) -> list[tuple[Source, list[int]]]:
         """The candidate worth most (cut to its best length), then up to max_count - 1 others
         worth verifying beside it in the same pass: one is added when the tokens it is expected
-        to add where the chosen ones fail (each chosen one's chance to fail by where it parts
-        from this one x this one's expected accepted tokens past that, at a plain step's cost
-        each) outweigh what it adds to the pass — each on its own sequence, its pending token
-        and span; with `tree` (one token tree, tree.build_tree), the nodes it does not share
-        with the chosen ones, cut where a node no longer pays for itself (_paying: on the
-        development traces, GPU preset, 0.4-2.2% less time than adding whole spans). [] for a
-        plain step."""
+        to add where the chosen ones fail (the chance that the chosen ones fail by where they
+        part from this one — in a token tree only those that share its start, _add_beside — x
+        this one's expected accepted tokens past that, at a plain step's cost each) outweigh
+        what it adds to the pass — each on its own
+        sequence, its pending token and span; with `tree` (one token tree, tree.build_tree), the
+        nodes it does not share with the chosen ones, cut where a node no longer pays for itself
+        (_paying: on the development traces, GPU preset, 0.4-2.2% less time than adding whole
+        spans). [] for a plain step."""
         ranked = []  # (tokens per second, source, cut span) of every span worth a pass alone
         priced = self.costs.costs(max(len(span) for _, span in candidates) + 1) if candidates else []
         longest: dict[Source, int] = {}  # source -> its longest span here (sources repeat)
@@ -264,16 +265,27 @@ class SpanPolicy:
     def _add_beside(self, chosen: list[tuple[Source, list[int]]], ranked: list[tuple[float, Source, list[int]]],
                     max_count: int, tree: bool, priced: list[float]) -> list[tuple[Source, list[int]]]:
         """choose_many's further candidates, best first, each kept when worth its tokens beside the
-        chosen ones (priced: the costs of passes over 1, 2, ... tokens)."""
+        chosen ones (priced: the costs of passes over 1, 2, ... tokens).
+
+        In a token tree a chosen one that starts with another token takes nothing off a
+        candidate's worth: the target writes one token there, so wherever the candidate is right
+        that one is wrong (candidates that start apart are right in turn, never together); only
+        the chosen ones it shares a start with can cover it, and it gains where they fail by
+        where they part. Pricing it by the chance that every chosen one misses, as if they could
+        be right together, was 0.8% slower on the development traces (GPU preset, cold) and kept
+        the context's less common tokens out of the tree. On forks the candidate is priced by
+        that chance still: a fork costs a sequence, and a learnt rate its prior props up (a
+        source never right keeps ~12% after 20 spans) would add forks that never pay; the
+        development traces' forks replays are the same either way."""
         step_s, fed = priced[0], len(chosen[0][1]) + 1  # a plain step; tokens in the pass so far
         misses = [1.0 - self.stats[chosen[0][0]].probs(1)[0]]  # each chosen one's first-token miss chance
-        all_miss = misses[0]  # the product of misses: every chosen one fails at its first token
+        all_miss = misses[0]  # forks: the product of misses, every chosen one fails at its first token
         starts = {chosen[0][1][0]}  # the chosen ones' first tokens
         for _, source, span in ranked:
             if len(chosen) >= max_count:
                 break
-            first = span[0]  # (most candidates part from the others at once: all_miss is theirs)
-            most, miss = 0, all_miss
+            first = span[0]
+            most, miss = 0, 1.0 if tree else all_miss  # no chosen one starts with its first token
             if first in starts:
                 shared = [0 if other[0] != first else common_prefix(other, span) for _, other in chosen]
                 most = max(shared)
@@ -281,7 +293,10 @@ class SpanPolicy:
                     continue
                 miss = 1.0  # every chosen one fails where this one parts from it (forks: at its first token)
                 for (other, _), first_miss, common in zip(chosen, misses, shared):
-                    miss *= first_miss if not tree or common == 0 else self._parting_miss(other, common)
+                    if not tree:
+                        miss *= first_miss
+                    elif common:  # (a tree: the chosen ones that start otherwise are wrong where it is right)
+                        miss *= self._parting_miss(other, common)
             probs = self.stats[source].probs(len(span))
             if tree:  # its nodes past the shared prefix, as many as pay for themselves (so they pay together)
                 added = self._paying(probs[most:], miss * step_s, priced, fed)

@@ -3,10 +3,11 @@ V1 rule), and ssr's own lookup (earliest, latest and other occurrences, the cont
 tokens), one source among ssr's (proposers.request_proposer)."""
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections.abc import Sequence
 
 from .proposers import OneSource
-from .source import Source
+from .source import FREQUENT_BANDS, Source
 
 
 class PromptLookupProposer(OneSource):
@@ -55,14 +56,17 @@ class LookupProposer(PromptLookupProposer):
     latest are kept: the policy learns them apart). With `others` (several candidates a pass, as
     one token tree), up to that many more: for the longest n-gram down, every other token the
     context's last n tokens went on to, from the latest occurrence that went that way ("other/n";
-    a token tree verifies them for about the price of their nodes); with `frequent`, then the
+    a token tree verifies them for about the price of their nodes); with `skips`, up to that many
+    tokens that came two after the context's second-to-last token (one word between: "the red
+    dog", "the big dog"), the latest first, each followed by what followed it ("skip": the last
+    token matched nothing it is tried after); with `frequent`, then the
     context's that many commonest tokens no candidate starts with, each followed by what followed
     its latest occurrence ("frequent": no context matched — where the last token is new, the
-    only candidates). Each candidate's source names its occurrence and n ("lookup/3",
+    only candidates; past the 8 commonest, "frequent@9" and "frequent@17", bands learnt apart). Each candidate's source names its occurrence and n ("lookup/3",
     "recent/2", "other/1"). O(max_ngram) per token; a proposal O(max_ngram + candidates)."""
 
     def __init__(self, seed: Sequence[int], max_ngram: int = 3, num_tokens: int = 64, others: int = 0,
-                 frequent: int = 0) -> None:
+                 frequent: int = 0, skips: int = 0) -> None:
         self.frequent = FrequentTokens(frequent)  # 0-gram candidates: the context's most frequent tokens
         self._latest: dict[tuple[int, ...], tuple[int, int | None]] = {}  # n-gram -> starts of its latest two
         # [n]: starts of the latest two occurrences of the context's last n tokens before this one
@@ -70,6 +74,9 @@ class LookupProposer(PromptLookupProposer):
         self.others = others  # further candidates: other tokens the n-gram went on to
         # n-gram -> {the token that followed it: the start of the latest occurrence followed so}, oldest first
         self._ways: dict[tuple[int, ...], dict[int, int]] = {}
+        self.skips = skips  # further candidates: tokens that came two after the second-to-last token
+        # token -> {the token two after it: where that one's latest such occurrence is}, oldest first
+        self._skips: dict[int, dict[int, int]] = {}
         super().__init__(seed, max_ngram, num_tokens, min_ngram=1)
 
     def observe(self, token_ids: Sequence[int]) -> None:
@@ -87,6 +94,10 @@ class LookupProposer(PromptLookupProposer):
                     went.pop(token, None)
                     went[token] = end - 1 - size
             self.frequent.count(token)
+            if self.skips and end > 2:  # the token two before this one went on, one later, to it
+                went = self._skips.setdefault(tokens[end - 3], {})
+                went.pop(token, None)
+                went[token] = end - 1
 
     def candidates(self, max_tokens: int) -> list[tuple[Source, list[int]]]:
         limit = min(max_tokens, self.num_tokens)
@@ -94,8 +105,9 @@ class LookupProposer(PromptLookupProposer):
         if limit <= 0:
             return []
         sizes = [size for size in range(min(self.max_ngram, end - 1), 0, -1) if self._before[size][0] is not None]
-        if not sizes:  # the last token occurs nowhere before: only the context's frequent tokens
-            return self._frequent(set(), limit)
+        if not sizes:  # the last token occurs nowhere before: what skips it, the context's frequent tokens
+            offered: set[int] = set()
+            return self._skipped(offered, limit) + self._frequent(offered, limit)
         size, after = sizes[0], lambda start, n: tokens[start + n: start + n + limit]
         earliest, (latest, second) = self._first[tuple(tokens[end - size:])], self._before[size]
         out = [(Source.of("lookup", size), after(earliest, size))]
@@ -111,7 +123,8 @@ class LookupProposer(PromptLookupProposer):
                 out.append((Source.of("recent", shorter), span))
                 offered.add(span[0])
                 break
-        return out + self._other_ways(sizes, offered, limit) + self._frequent(offered, limit)
+        return out + self._other_ways(sizes, offered, limit) + self._skipped(offered, limit) + \
+            self._frequent(offered, limit)
 
     def _other_ways(self, sizes: list[int], offered: set[int], limit: int) -> list[tuple[Source, list[int]]]:
         """Up to `others` candidates: for the longest n-gram down, the tokens the context's last n
@@ -127,12 +140,32 @@ class LookupProposer(PromptLookupProposer):
                     out.append((Source.of("other", size), tokens[start + size: start + size + limit]))
         return out
 
+    def _skipped(self, offered: set[int], limit: int) -> list[tuple[Source, list[int]]]:
+        """Up to `skips` candidates: the tokens that came two after the context's second-to-last
+        token that no candidate offers yet, the latest first, each from where it last came so
+        (`offered` grows by their first tokens)."""
+        tokens, out = self.tokens, []
+        if not self.skips or len(tokens) < 2:
+            return out
+        for token, start in reversed(self._skips.get(tokens[-2], {}).items()):
+            if len(out) >= self.skips:
+                break
+            if token not in offered:
+                offered.add(token)
+                out.append((SKIP, tokens[start: start + limit]))
+        return out
+
     def _frequent(self, offered: set[int], limit: int) -> list[tuple[Source, list[int]]]:
         """The context's most frequent tokens no candidate offers yet, most frequent first, each
         followed by what followed its latest occurrence ("frequent": no context matched)."""
         tokens, latest = self.tokens, self._latest
-        return [(Source.of("frequent"), tokens[start: start + limit]) for token in self.frequent.top
+        return [(FREQUENT_SOURCES[bisect_right(FREQUENT_BANDS, rank) - 1], tokens[start: start + limit])
+                for rank, token in enumerate(self.frequent.top)
                 if token not in offered and (start := latest[(token,)][0]) is not None]
+
+
+FREQUENT_SOURCES = [Source.of("frequent", band=band) for band in range(len(FREQUENT_BANDS))]  # [band]
+SKIP = Source.of("skip")
 
 
 class FrequentTokens:

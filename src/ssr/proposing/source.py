@@ -10,8 +10,15 @@ from .suffix_tree import MATCH_BUCKETS
 SUFFIX_MATCHES = (1,) + MATCH_BUCKETS  # a suffix span's match-length bucket -> the shortest match in it
 # sources whose spans follow no context match, and their first token's prior: "frequent" (one of
 # the context's 8 commonest tokens, lookup.FrequentTokens): the 8 together held the next token
-# 22-28% of the time on the development traces, ~3.5% each
-UNMATCHED_PRIORS = {"frequent": 0.05}
+# 22-28% of the time on the development traces, ~3.5% each; "skip" (a token that came two after
+# the second-to-last one, lookup.LookupProposer): as rare, given the same
+UNMATCHED_PRIORS = {"frequent": 0.05, "skip": 0.05}
+# the context's commonest tokens in bands by rank, each band learnt apart: [band] its first rank
+# (0-based) and its first token's prior. Past the 8 commonest a token is right seldom (on the
+# CRUXEval development traces, cold, where no other candidate was right: 0.5% each for ranks 9-16,
+# 0.4% for 17-32), but on a token tree one node costs less than that is worth
+FREQUENT_BANDS = (0, 8, 16)
+FREQUENT_PRIORS = (0.05, 0.02, 0.01)
 NAMED_NO_MATCH_PRIOR = 0.9  # the first token's prior for other sources that name no match
 SUFFIX_KINDS = ("suffix", "escaped")  # sources whose match is a suffix tree's bucket
 
@@ -24,22 +31,24 @@ class Source:
 
     kind: str  # "suffix" (the suffix tree), "escaped" (the suffix tree of the escaped views), "lookup" (an
     #            n-gram's earliest occurrence), "recent" (a later one), "other" (another way the n-gram
-    #            went), "frequent", or a peer's or the oracle's name
+    #            went), "skip" (what came two after the second-to-last token), "frequent", or a
+    #            peer's or the oracle's name
     match: int | None = None  # tokens of context its spans follow at least (None: it names no match)
     alternative: bool = False  # another branch of the suffix tree after the same match than its best
-    _hash: int = field(init=False, repr=False, compare=False, default=0)  # hash of the three above, once
+    band: int = 0  # "frequent": the band of the context's commonest tokens it starts with (FREQUENT_BANDS)
+    _hash: int = field(init=False, repr=False, compare=False, default=0)  # hash of the four above, once
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "_hash", hash((self.kind, self.match, self.alternative)))
+        object.__setattr__(self, "_hash", hash((self.kind, self.match, self.alternative, self.band)))
 
     def __hash__(self) -> int:
         return self._hash
 
     @staticmethod
     @cache
-    def of(kind: str, match: int | None = None, alternative: bool = False) -> Source:
+    def of(kind: str, match: int | None = None, alternative: bool = False, band: int = 0) -> Source:
         """The one Source of these values."""
-        return Source(kind, match, alternative)
+        return Source(kind, match, alternative, band)
 
     @staticmethod
     def suffix(bucket: int, alternative: bool = False, kind: str = "suffix") -> Source:
@@ -57,15 +66,19 @@ class Source:
         16+ — m / (m + 2) gives 33, 50, 60, 67, 80, 89%. A prior no higher than what a source
         delivers keeps it from being tried at a loss where a failed token costs half a step
         (CPUs); where verifying is cheap (GPUs) every source is tried anyway. Sources that follow
-        no match at all (UNMATCHED_PRIORS): their own; other sources that name no match: 0.9."""
+        no match at all (UNMATCHED_PRIORS, FREQUENT_PRIORS by band): their own; other sources
+        that name no match: 0.9."""
+        if self.band:
+            return FREQUENT_PRIORS[self.band]
         if self.match is None:
             return UNMATCHED_PRIORS.get(self.kind, NAMED_NO_MATCH_PRIOR)
         return self.match / (self.match + 2)
 
     def __str__(self) -> str:
-        """"lookup/3", "suffix/2" (the bucket), "suffix/2~" (an alternative), "frequent", ..."""
+        """"lookup/3", "suffix/2" (the bucket), "suffix/2~" (an alternative), "frequent", "frequent@9"
+        (a band: from the 9th commonest token), ..."""
         if self.match is None:
-            return self.kind
+            return f"{self.kind}@{FREQUENT_BANDS[self.band] + 1}" if self.band else self.kind
         number = SUFFIX_MATCHES.index(self.match) if self.kind in SUFFIX_KINDS else self.match
         return f"{self.kind}/{number}{'~' if self.alternative else ''}"
 
