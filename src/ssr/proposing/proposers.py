@@ -191,11 +191,13 @@ class SuffixProposer(OneSource):
 
 ALTERNATIVES = 4  # the suffix tree's further branches offered as candidates where several are verified a pass
 OTHER_WAYS = 8  # n-gram lookup's further candidates where weak ones are worth offering (`wide`)
-SKIPS = 2  # tokens that came two after the second-to-last one, offered there too (LookupProposer; GPU
-#           preset, cold: 0.7% less time on every group of the development traces, 4 no better)
-FREQUENT = 32  # the context's most frequent tokens offered as candidates there too (FrequentTokens; in
-#               bands, source.FREQUENT_BANDS: GPU preset, cold, 2.5% less time than the 8 commonest alone
-#               with the span policy's pricing of candidates that start another way, docs/traces.md)
+FREQUENT = 8  # the context's most frequent tokens offered as candidates there too (FrequentTokens)
+# on a token tree (`trie`), where each is a few nodes: the 32 commonest, in bands learnt apart
+# (source.FREQUENT_BANDS), and up to 2 tokens that came two after the second-to-last one
+# (LookupProposer `skips`). GPU preset, cold, ssr / SGLang: 0.842 -> 0.817 with the bands and the
+# span policy's pricing of a candidate that starts another way, 0.810 with the skips; in one chain
+# they won as many picks as they lost (docs/traces.md) and cost host time
+FREQUENT_TREE, SKIPS = 32, 2
 
 
 def ssr_suffix(params: SuffixParams, prompt_ids: Sequence[int], history: ResponseHistory | None,
@@ -234,9 +236,9 @@ def request_proposer(config, extend_prob: float | None, prompt_ids: Sequence[int
     """One proposer for a request's output, seeded with the prompt (drafts join at the close).
     ssr: its suffix tree (spans past the match length with `extend_prob`) and n-gram lookup
     compete; with `several` (several candidates a pass) the suffix tree's other branches too;
-    with `wide` (a token tree or a chain picked among them) lookup's other ways, skips and frequent tokens;
+    with `wide` (a token tree or a chain picked among them) lookup's other ways and frequent tokens;
     with `trie` (a token tree; a chain loses more picks to its paths than it wins, docs/traces.md)
-    the recency trie's draft tree (trie.py); with `views`, a suffix tree of them (escaped_suffix).
+    the recency trie's draft tree (trie.py), lookup's skips and more frequent tokens; with `views`, a suffix tree of them (escaped_suffix).
     The peers as their users run them."""
     kind = config.proposer
     if kind == "suffix" and config.uses_draft:
@@ -245,7 +247,8 @@ def request_proposer(config, extend_prob: float | None, prompt_ids: Sequence[int
         params = config.suffix
         parts = {"suffix": ssr_suffix(params, prompt_ids, history, extend_prob, ALTERNATIVES if several else 0),
                  "lookup": LookupProposer(prompt_ids, 3, params.max_span, OTHER_WAYS if wide else 0,
-                                          FREQUENT if wide else 0, SKIPS if wide else 0)}
+                                          FREQUENT_TREE if trie else FREQUENT if wide else 0,
+                                          SKIPS if trie else 0)}
         if trie:
             parts["trie"] = TrieProposer(prompt_ids, history)
         if views:
