@@ -187,23 +187,41 @@ def test_a_candidate_beside_the_chosen_ones_keeps_the_nodes_that_pay(probs, wort
     assert policy._paying(probs, worth, policy.costs.costs(8), fed=3) == expected
 
 
-@pytest.mark.parametrize("a_rate", [0.9, 0.5])
-@pytest.mark.parametrize("token_s,kept", [(0.0, 8), (0.01, 5), (0.04, 3), (0.2, 2)])
-def test_a_tree_keeps_a_candidate_that_starts_another_way_by_its_own_worth(a_rate, token_s, kept):
-    """c starts another way than a: wherever c is right a is wrong (the target writes one token),
-    so a's own first-token rate (94% or 50%) takes nothing off c's worth. Each of c's tokens is
-    right half the time after the ones before (0.5, 0.25, 0.125, ...) and is kept while it pays
-    for its node: all at no cost, five at 1% of a step a node, three at 4%, two at 20% (c's
-    own best length, as a span alone, cuts it there)."""
-    from ssr.pricing.span_policy import AcceptanceStats, SpanPolicy
+def _halving():
+    """A source each of whose tokens is right half the time after the ones before (0.5, 0.25, ...)."""
+    from ssr.pricing.span_policy import AcceptanceStats
 
     halving = AcceptanceStats(prior_weight=1e-9, decay=1.0)
     for accepted in range(9):
         for _ in range(2 ** (8 - accepted) if accepted < 8 else 2):
             halving.observe(8, accepted)
-    policy = SpanPolicy(CostModel(step_s=1.0, token_s=token_s), {"a": _whole_or_nothing(a_rate), "c": halving})
+    return halving
+
+
+@pytest.mark.parametrize("token_s,kept", [(0.0, 8), (0.01, 2), (0.04, 0)])
+def test_a_tree_cuts_a_candidate_beside_the_chosen_one_where_its_nodes_stop_paying(token_s, kept):
+    """a's first token is right 94% of the time; c parts from it at once and each of its tokens is
+    right half the time after the ones before (0.5, 0.25, 0.125, ...), worth that x a's 6.4% miss
+    a step (0.032, 0.016, 0.008, ...): at 1% of a step a node, c keeps two tokens; at 4%, none."""
+    from ssr.pricing.span_policy import SpanPolicy
+
+    policy = SpanPolicy(CostModel(step_s=1.0, token_s=token_s), {"a": _whole_or_nothing(0.9), "c": _halving()})
     chosen = policy.choose_many([("a", [1] * 8), ("c", [3] * 8)], 4, tree=True)
-    assert [(source, len(span)) for source, span in chosen] == [("a", 8), ("c", kept)]
+    assert [(source, len(span)) for source, span in chosen] == [("a", 8)] + ([("c", kept)] if kept else [])
+
+
+@pytest.mark.parametrize("beside", [[], [("b", [2] * 8)]])
+def test_a_chosen_one_that_starts_another_way_takes_nothing_off_a_candidate(beside):
+    """a (the first choice) and b start with different tokens, each right half the time; c starts
+    a third way. Where c is right a and b are both wrong, so b, chosen beside a, takes nothing off
+    c's worth: at 0.6% of a step a node c keeps the six nodes it keeps beside a alone (priced by
+    a's miss only). Priced by the chance that a and b both miss, it kept four."""
+    from ssr.pricing.span_policy import SpanPolicy
+
+    stats = {"a": _whole_or_nothing(0.5), "b": _whole_or_nothing(0.5), "c": _halving()}
+    policy = SpanPolicy(CostModel(step_s=1.0, token_s=0.006), stats)
+    chosen = policy.choose_many([("a", [1] * 8)] + beside + [("c", [3] * 8)], 4, tree=True)
+    assert [(source, len(span)) for source, span in chosen] == [("a", 8)] + [(b, 8) for b, _ in beside] + [("c", 6)]
 
 
 @pytest.mark.parametrize("engine, layout", [(FakeTreeEngine(order=2), Layout.TREE),

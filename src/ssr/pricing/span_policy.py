@@ -267,16 +267,19 @@ class SpanPolicy:
         """choose_many's further candidates, best first, each kept when worth its tokens beside the
         chosen ones (priced: the costs of passes over 1, 2, ... tokens).
 
-        In a token tree a chosen one that starts with another token takes nothing off a
-        candidate's worth: the target writes one token there, so wherever the candidate is right
-        that one is wrong (candidates that start apart are right in turn, never together); only
-        the chosen ones it shares a start with can cover it, and it gains where they fail by
-        where they part. Pricing it by the chance that every chosen one misses, as if they could
-        be right together, was 0.8% slower on the development traces (GPU preset, cold) and kept
-        the context's less common tokens out of the tree. On forks the candidate is priced by
-        that chance still: a fork costs a sequence, and a learnt rate its prior props up (a
-        source never right keeps ~12% after 20 spans) would add forks that never pay; the
-        development traces' forks replays are the same either way."""
+        In a token tree the chosen ones that start with another token cannot be right together
+        with a candidate (the target writes one token there): where it is right they are all
+        wrong. Its worth is its own, discounted only by the chance that the policy's first
+        choice is right (a confident first choice says the text here is predictable, and the
+        candidate's rate, learnt over every pass, does not); the chosen ones it shares a start
+        with cover it where they are right, so it gains where they fail by where they part.
+        Pricing it by the chance that every chosen one misses, as if they could be right
+        together, was 0.9% slower on the development traces (GPU preset, cold; docs/traces.md)
+        and kept the context's less common tokens out of the tree; not discounting it at all,
+        0.3% slower (0.7% in deployment order).
+        On forks the candidate is priced by that chance still: a fork costs a sequence, and a
+        learnt rate its prior props up (a source never right keeps ~12% after 20 spans) would
+        add forks that never pay; the development traces' forks replays are the same either way."""
         step_s, fed = priced[0], len(chosen[0][1]) + 1  # a plain step; tokens in the pass so far
         misses = [1.0 - self.stats[chosen[0][0]].probs(1)[0]]  # each chosen one's first-token miss chance
         all_miss = misses[0]  # forks: the product of misses, every chosen one fails at its first token
@@ -285,7 +288,7 @@ class SpanPolicy:
             if len(chosen) >= max_count:
                 break
             first = span[0]
-            most, miss = 0, 1.0 if tree else all_miss  # no chosen one starts with its first token
+            most, miss = 0, misses[0] if tree else all_miss  # no chosen one starts with its first token
             if first in starts:
                 shared = [0 if other[0] != first else common_prefix(other, span) for _, other in chosen]
                 most = max(shared)
