@@ -17,7 +17,7 @@ PRIORS = [  # (source, its name in traces, its first-token prior): m / (m + 2) f
     (Source.suffix(9), "suffix/3", 16 / 18),  # past the last bucket: its shortest match
     (Source("suffix"), "suffix", 0.9), (Source("draft"), "draft", 0.9), (NO_SOURCE, "", 0.9),  # no match named
     (Source("frequent"), "frequent", 0.05),  # follows no match: its own measured prior (UNMATCHED_PRIORS)
-    (Source.of("frequent", band=1), "frequent@9", 0.02),  # past the 8 commonest: its band's (FREQUENT_PRIORS)
+    (Source.of("frequent", band=1), "frequent@9", 0.02),  # past the 8 commonest: its band's (UNMATCHED_PRIORS)
     (Source.of("frequent", band=2), "frequent@17", 0.01),
     (Source("skip"), "skip", 0.05),  # what came two after the second-to-last token: no match either
 ]

@@ -237,11 +237,10 @@ class SpanPolicy:
         to add where the chosen ones fail (the chance that the chosen ones fail by where they
         part from this one — in a token tree only those that share its start, _add_beside — x
         this one's expected accepted tokens past that, at a plain step's cost each) outweigh
-        what it adds to the pass — each on its own
-        sequence, its pending token and span; with `tree` (one token tree, tree.build_tree), the
-        nodes it does not share with the chosen ones, cut where a node no longer pays for itself
-        (_paying: on the development traces, GPU preset, 0.4-2.2% less time than adding whole
-        spans). [] for a plain step."""
+        what it adds to the pass — each on its own sequence, its pending token and span; with
+        `tree` (one token tree, tree.build_tree), the nodes it does not share with the chosen
+        ones, cut where a node no longer pays for itself (_paying: on the development traces,
+        GPU preset, 0.4-2.2% less time than adding whole spans). [] for a plain step."""
         ranked = []  # (tokens per second, source, cut span) of every span worth a pass alone
         priced = self.costs.costs(max(len(span) for _, span in candidates) + 1) if candidates else []
         longest: dict[Source, int] = {}  # source -> its longest span here (sources repeat)

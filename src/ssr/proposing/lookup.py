@@ -62,12 +62,16 @@ class LookupProposer(PromptLookupProposer):
     token matched nothing it is tried after); with `frequent`, then the
     context's that many commonest tokens no candidate starts with, each followed by what followed
     its latest occurrence ("frequent": no context matched — where the last token is new, the
-    only candidates; past the 8 commonest, "frequent@9" and "frequent@17", bands learnt apart). Each candidate's source names its occurrence and n ("lookup/3",
-    "recent/2", "other/1"). O(max_ngram) per token; a proposal O(max_ngram + candidates)."""
+    only candidates; past the 8 commonest, "frequent@9" and "frequent@17", bands learnt apart).
+    Each candidate's source names its occurrence and n ("lookup/3", "recent/2", "other/1").
+    O(max_ngram) per token; a proposal O(max_ngram + candidates)."""
 
     def __init__(self, seed: Sequence[int], max_ngram: int = 3, num_tokens: int = 64, others: int = 0,
                  frequent: int = 0, skips: int = 0) -> None:
         self.frequent = FrequentTokens(frequent)  # 0-gram candidates: the context's most frequent tokens
+        # [rank]: the source of the rank's candidate, named by its band ("frequent", "frequent@9", ..)
+        self._frequent_sources = [Source.of("frequent", band=bisect_right(FREQUENT_BANDS, rank) - 1)
+                                  for rank in range(frequent)]
         self._latest: dict[tuple[int, ...], tuple[int, int | None]] = {}  # n-gram -> starts of its latest two
         # [n]: starts of the latest two occurrences of the context's last n tokens before this one
         self._before: list[tuple[int | None, int | None]] = [(None, None)] * (max_ngram + 1)
@@ -159,12 +163,11 @@ class LookupProposer(PromptLookupProposer):
         """The context's most frequent tokens no candidate offers yet, most frequent first, each
         followed by what followed its latest occurrence ("frequent": no context matched)."""
         tokens, latest = self.tokens, self._latest
-        return [(FREQUENT_SOURCES[bisect_right(FREQUENT_BANDS, rank) - 1], tokens[start: start + limit])
-                for rank, token in enumerate(self.frequent.top)
+        return [(source, tokens[start: start + limit])
+                for source, token in zip(self._frequent_sources, self.frequent.top)
                 if token not in offered and (start := latest[(token,)][0]) is not None]
 
 
-FREQUENT_SOURCES = [Source.of("frequent", band=band) for band in range(len(FREQUENT_BANDS))]  # [band]
 SKIP = Source.of("skip")
 
 

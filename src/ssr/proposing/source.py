@@ -8,17 +8,15 @@ from functools import cache
 from .suffix_tree import MATCH_BUCKETS
 
 SUFFIX_MATCHES = (1,) + MATCH_BUCKETS  # a suffix span's match-length bucket -> the shortest match in it
-# sources whose spans follow no context match, and their first token's prior: "frequent" (one of
-# the context's 8 commonest tokens, lookup.FrequentTokens): the 8 together held the next token
-# 22-28% of the time on the development traces, ~3.5% each; "skip" (a token that came two after
-# the second-to-last one, lookup.LookupProposer): as rare, given the same
-UNMATCHED_PRIORS = {"frequent": 0.05, "skip": 0.05}
-# the context's commonest tokens in bands by rank, each band learnt apart: [band] its first rank
-# (0-based) and its first token's prior. Past the 8 commonest a token is right seldom (on the
-# CRUXEval development traces, cold, where no other candidate was right: 0.5% each for ranks 9-16,
-# 0.4% for 17-32), but on a token tree one node costs less than that is worth
-FREQUENT_BANDS = (0, 8, 16)
-FREQUENT_PRIORS = (0.05, 0.02, 0.01)
+# sources whose spans follow no context match, and their first token's prior ([band]: one per
+# band, below): "frequent" (one of the context's 8 commonest tokens, lookup.FrequentTokens): the 8
+# together held the next token 22-28% of the time on the development traces, ~3.5% each; past
+# the 8 commonest a token is right seldom (on the CRUXEval development traces, cold, where no other
+# candidate was right: 0.5% each for ranks 9-16, 0.4% for 17-32), but on a token tree one node
+# costs less than that is worth; "skip" (a token that came two after the second-to-last one,
+# lookup.LookupProposer): as rare as the 8 commonest, given the same
+UNMATCHED_PRIORS = {"frequent": (0.05, 0.02, 0.01), "skip": (0.05,)}
+FREQUENT_BANDS = (0, 8, 16)  # the context's commonest tokens in bands by rank, learnt apart: [band] its first rank
 NAMED_NO_MATCH_PRIOR = 0.9  # the first token's prior for other sources that name no match
 SUFFIX_KINDS = ("suffix", "escaped")  # sources whose match is a suffix tree's bucket
 
@@ -66,12 +64,11 @@ class Source:
         16+ — m / (m + 2) gives 33, 50, 60, 67, 80, 89%. A prior no higher than what a source
         delivers keeps it from being tried at a loss where a failed token costs half a step
         (CPUs); where verifying is cheap (GPUs) every source is tried anyway. Sources that follow
-        no match at all (UNMATCHED_PRIORS, FREQUENT_PRIORS by band): their own; other sources
-        that name no match: 0.9."""
-        if self.band:
-            return FREQUENT_PRIORS[self.band]
+        no match at all (UNMATCHED_PRIORS, by band): their own; other sources that name no
+        match: 0.9."""
         if self.match is None:
-            return UNMATCHED_PRIORS.get(self.kind, NAMED_NO_MATCH_PRIOR)
+            priors = UNMATCHED_PRIORS.get(self.kind)
+            return priors[self.band] if priors else NAMED_NO_MATCH_PRIOR
         return self.match / (self.match + 2)
 
     def __str__(self) -> str:
