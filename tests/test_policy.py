@@ -291,8 +291,9 @@ def test_span_cut_follows_each_sources_measured_acceptance():
 
 
 def test_span_guard_stops_spans_that_lose_time_and_keeps_exploring():
-    """Passes that cost more than the plain steps they replace turn spans off (one proposal
-    in explore_every still verified); passes that gain keep them on."""
+    """Passes that cost more than the plain steps they replace, by more than `tolerance` steps
+    in all, turn spans off (one proposal in explore_every still verified); passes that gain, or
+    lose less, keep them on."""
     from ssr.pricing.span_policy import SpanPolicy
 
     costs = CostModel(step_s=0.010, token_s=0.001)  # spans look cheap to the model ...
@@ -307,6 +308,12 @@ def test_span_guard_stops_spans_that_lose_time_and_keeps_exploring():
     for _ in range(SpanPolicy.min_passes):
         winning.observe(4, 4, seconds=0.015)  # five tokens in 15 ms
     assert not winning.losing and winning.cut([1, 2, 3, 4]) == [1, 2, 3, 4]
+    nearly = SpanPolicy(costs)
+    for _ in range(SpanPolicy.min_passes):
+        nearly.observe(4, 0, seconds=0.0101)  # a hundredth of a step lost a pass: within the tolerance
+    assert not nearly.losing and all(nearly.cut([1, 2, 3, 4]) for _ in range(SpanPolicy.explore_every))
+    nearly.observe(4, 0, seconds=0.010 * (1 + SpanPolicy.tolerance))  # past it
+    assert nearly.losing
     untimed = SpanPolicy(costs)  # without seconds (older callers) the guard never judges
     for _ in range(SpanPolicy.min_passes):
         untimed.observe(4, 0)

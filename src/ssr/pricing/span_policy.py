@@ -208,11 +208,21 @@ class SpanPolicy:
 
     Guard (never slower than plain decoding): the loop also reports each pass's seconds;
     the realised gain, sum over passes of (tokens committed x a plain step's cost - the pass's
-    seconds), is kept. Once `min_passes` passes have lost time overall, spans stop and one
-    in `explore_every` proposals is still verified, so the gain can recover."""
+    seconds), is kept. Once `min_passes` passes have lost more than `tolerance` plain steps
+    overall, spans stop and one in `explore_every` proposals is still verified, so the gain can
+    recover."""
 
     min_passes = 8  # passes before the guard judges
     explore_every = 8  # while off: verify one proposal in this many
+    # plain steps' worth of time spans may have lost before they stop (what the guard lets a request
+    # lose). At 0 a GPU request's first passes, whose spans cost a percent of a step more when
+    # nothing is accepted, turned spans off at a loss of 0.01 steps and the explored passes took
+    # dozens of passes to win it back: in one chain (`ssr traces --candidates chain`, GPU preset,
+    # cold) 5% of CRUXEval's passes went plain where vLLM's suffix would have accepted 0.5 tokens
+    # a pass; at 1 every group's ssr / suffix was the same or lower (geometric mean of the
+    # medians 0.924 -> 0.922), the token tree's by at most 0.002, this CPU's by at most 0.011 either
+    # way, all still <= 1.00 of `ar`
+    tolerance = 1.0
 
     carry = 0.75  # weight of earlier requests' spans in a new request's acceptance curves
 
@@ -340,7 +350,7 @@ class SpanPolicy:
 
     @property
     def losing(self) -> bool:
-        return self.timed_passes >= self.min_passes and self.gain_s < 0
+        return self.timed_passes >= self.min_passes and self.gain_s < -self.tolerance * self.costs.cost(1)
 
     def observe(self, num_proposed: int, num_accepted: int, seconds: float | None = None,
                 source: Source = NO_SOURCE) -> None:
