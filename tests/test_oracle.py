@@ -63,6 +63,45 @@ def test_the_oracle_proposes_the_longest_copy_of_what_comes_next():
     assert oracle.propose(10) == ([], None) and oracle.candidates(10) == []  # nothing comes next
 
 
+def brute_anchored(sequences: list[list[int]], tail: list[int], ahead: list[int]) -> int:
+    """The longest prefix of `ahead` found inside one of the sequences right after an earlier
+    occurrence of `tail` (the last sequence ends with the context's own, which has nothing after it)."""
+    best = 0
+    for sequence in sequences:
+        for start in range(len(sequence) - len(tail) + 1):
+            if sequence[start: start + len(tail)] != tail:
+                continue
+            after = sequence[start + len(tail):]
+            best = max(best, next((i for i, (a, b) in enumerate(zip(after, ahead)) if a != b), min(len(after), len(ahead))))
+    return best
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_the_anchored_oracle_copies_only_after_the_context_s_last_token(seed):
+    """Step by step through a random output: the anchored oracle's span is the longest copy that
+    follows an earlier occurrence of the context's last token(s) (brute force), never longer than
+    the plain oracle's."""
+    rng = random.Random(seed)
+    alphabet = rng.choice([2, 3, 5])
+    anchor = rng.choice([1, 1, 2])
+    earlier = [[rng.randrange(alphabet) for _ in range(rng.randrange(0, 10))] for _ in range(rng.randrange(0, 3))]
+    prompt = [rng.randrange(alphabet) for _ in range(rng.randrange(1, 12))]
+    future = [rng.randrange(alphabet) for _ in range(20)]
+    plain = OracleProposer(prompt, future, earlier, max_span=6)
+    anchored = OracleProposer(prompt, future, earlier, max_span=6, anchor=anchor)
+    context = list(prompt)
+    for seen in range(len(future)):
+        ahead = future[seen: seen + 6]
+        tail = context[-anchor:] if len(context) >= anchor else None
+        expected = brute_anchored(earlier + [context], tail, ahead) if tail is not None else 0
+        span, _ = anchored.propose(10)
+        assert span == ahead[:expected], (earlier, context, ahead)
+        assert len(span) <= len(plain.propose(10)[0])
+        for proposer in (plain, anchored):
+            proposer.observe([future[seen]])
+        context.append(future[seen])
+
+
 def test_the_oracle_is_accepted_whole_and_no_mode_needs_fewer_passes(tmp_path):
     """Every copy-based proposer's accepted span is a copy from the context, so it is at most the
     oracle's at that position; taking the longest each pass needs the fewest passes (what can be
@@ -73,6 +112,8 @@ def test_the_oracle_is_accepted_whole_and_no_mode_needs_fewer_passes(tmp_path):
     passes = lambda m: m["decode_steps"] + m["cot_passes"] + m["verify_passes"]  # noqa: E731 (steps include the CoT's)
     by = {(r["order"], r["item"], r["mode"]): r for r in rows}
     for row in rows:
+        if row["mode"] == "oracle-anchored":  # a copy after the last token: every peer's, not ssr's commonest tokens
+            assert row["identical"] and passes(row["metrics"]) >= passes(by[(row["order"], row["item"], "oracle")]["metrics"])
         if row["mode"] != "oracle":
             continue
         metrics = row["metrics"]

@@ -195,9 +195,10 @@ def test_the_mode_table_names_every_replay_peer():
     """config.MODE_TABLE holds every mode `ssr traces` replays; the replay-only peers there are the
     proposers bench/peers builds, and each replays in a loop the engines run."""
     from ssr.bench.peers import REPLAY_PEERS
+    from ssr.bench.oracle import ORACLES
     from ssr.config import MODE_TABLE, MODES, TRACE_MODES
 
     own = {name for name in TRACE_MODES if MODE_TABLE[name].own_proposer}
-    assert own == set(REPLAY_PEERS) | {"oracle"}
+    assert own == set(REPLAY_PEERS) | set(ORACLES)
     assert all(MODE_TABLE[name].replays_as in MODES for name in TRACE_MODES if name not in MODES)
     assert mode_config("paper").cot_spans is False and mode_config("ngram-v1").mode == "ngram"

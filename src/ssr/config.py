@@ -52,7 +52,9 @@ REPLAY_ONLY = (  # what `ssr traces` also replays: the paper's method, the peers
         ("sglang-ngram-prob", "peer: SGLang's NGRAM, its PROB tree"),
         ("llamacpp-ngram-simple", "peer: llama-server's ngram-simple"),
         ("llamacpp-ngram-mod", "peer: llama-server's ngram-mod"),
-        ("oracle", "the limit: with hindsight, the longest copy of what comes next a pass"))),
+        ("oracle", "the limit: with hindsight, the longest copy of what comes next a pass"),
+        ("oracle-anchored", "the limit of copying after the context's last token: the oracle, its copies "
+                            "following an occurrence of that token"))),
 )
 MODES = tuple(MODE_TABLE)  # what the engines run (generate, bench, serve)
 MODE_TABLE.update((mode.name, mode) for mode in REPLAY_ONLY)

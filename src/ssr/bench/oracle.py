@@ -6,6 +6,12 @@ in deployment order, the earlier responses. A proposer that copies from the cont
 better in one chain; every span it proposes is accepted whole. Its ratio to `ar` under a cost
 model is the ceiling ssr and the peers are measured against.
 
+`oracle-anchored` (anchor=1) asks more: the copy must follow an occurrence of the context's
+last token, as every proposer that matches the context's end does (n-gram lookup, suffix trees,
+SGLang's trie). The plain oracle also counts copies whose first token no such proposer could
+reach: a stretch that occurred before after another token. On the development traces most of
+its tokens are of that kind (docs/traces.md, "The limit").
+
 The context is held in a suffix automaton (every substring of the sequences added, each added
 token O(1) amortised), so the longest copy of the next k tokens is a walk of at most k steps.
 """
@@ -84,16 +90,19 @@ class CopyIndex:
 class OracleProposer:
     """The proposer protocol with hindsight: `future` is the output the trace holds (CoT, then
     answer); each proposal is the longest prefix of what comes next that the context holds, up
-    to max_span tokens."""
+    to max_span tokens; with `anchor`, only a copy that follows the context's last `anchor`
+    tokens where they occurred before."""
 
     source = Source("oracle")
     shape = CHAIN
     implementation = None
 
     def __init__(self, prompt: Sequence[int], future: Sequence[int], earlier: Sequence[Sequence[int]] = (),
-                 max_span: int = 64) -> None:
+                 max_span: int = 64, anchor: int = 0) -> None:
         self.future = list(future)  # the whole output, known in hindsight
         self.max_span = max_span
+        self.anchor = anchor  # tokens of the context's end a copy must follow (0: none)
+        self.tail = list(prompt[len(prompt) - anchor:]) if anchor else []  # the context's last `anchor` tokens
         self.seen = 0  # output tokens committed so far
         self.index = CopyIndex()
         for sequence in list(earlier) + [list(prompt)]:  # earlier responses, then the request
@@ -103,15 +112,25 @@ class OracleProposer:
     def observe(self, token_ids: Sequence[int]) -> None:
         self.index.extend(token_ids)
         self.seen += len(token_ids)
+        if self.anchor:
+            self.tail = (self.tail + list(token_ids))[-self.anchor:]
 
     def add_source(self, token_ids: Sequence[int]) -> None:
         """A trace replay forks no draft."""
 
     def propose(self, max_tokens: int) -> tuple[list[int], list[float] | None]:
         ahead = self.future[self.seen: self.seen + min(max_tokens, self.max_span)]
-        span = ahead[: self.index.longest(ahead)]
+        if not self.anchor:
+            span = ahead[: self.index.longest(ahead)]
+        elif len(self.tail) < self.anchor:  # the context is shorter than the anchor
+            span = []
+        else:  # the tail's occurrence at the context's end has nothing after it: an earlier one's
+            span = ahead[: max(0, self.index.longest(self.tail + ahead) - self.anchor)]
         return span, [1.0] * len(span) if span else None
 
     def candidates(self, max_tokens: int) -> list[tuple[Source, list[int]]]:
         span, _ = self.propose(max_tokens)
         return [(self.source, span)] if span else []
+
+
+ORACLES = {"oracle": 0, "oracle-anchored": 1}  # the oracle modes -> the tokens of context a copy must follow

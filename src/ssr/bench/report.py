@@ -22,7 +22,7 @@ from .sources import ANSWER_SOURCES, COT_SOURCES, sources_table
 
 MODE_ORDER = ("ar", "ssr", "ssr-prefix", "ssr-suffix", "paper", "suffix", "pld", "ngram", "ngram-v1", "vllm-ngram",
               "arctic-tree", "sglang-ngram", "sglang-ngram-prob", "llamacpp-ngram-simple", "llamacpp-ngram-mod",
-              "oracle")
+              "oracle", "oracle-anchored")
 
 
 def load_rows(paths: Iterable[Path]) -> list[dict]:

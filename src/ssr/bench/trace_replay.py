@@ -11,6 +11,7 @@ Modes: `ar` (plain decoding), `ssr` (the whole output speculated), `paper` (the 
 regime: ssr with the CoT decoded plainly; a trace has no draft, so its answer spans only),
 `oracle` (the limit of copy-based speculation: with hindsight, each pass the longest next stretch
 of the trace that the prompt, the output so far or an earlier response holds; bench/oracle.py),
+`oracle-anchored` (the same, each copy following an occurrence of the context's last token),
 and the peers as their users configure them: `suffix` (vLLM's suffix method, on
 arctic-inference's tree, vLLM's defaults and its global tree of earlier responses), `ngram`
 (vLLM's ngram method as its docs configure it) and `pld` (transformers' prompt lookup, its
@@ -39,7 +40,7 @@ from ..pricing.costs import CostModel, CostTable
 from ..loop import Generation
 from ..pricing.drafting import Plan, PolicyStats
 from ..proposing.history import ResponseHistory
-from .oracle import OracleProposer
+from .oracle import ORACLES, OracleProposer
 from .peers import REPLAY_PEERS
 from .replay import REPLAY_FORMAT, KeptKV, ReplayEngine, RowModel, TreeReplayEngine
 from .traces import TokenTrace
@@ -90,8 +91,8 @@ def replay_trace(tokens: TokenTrace, mode: str, setting: CostSetting, order: str
                      forced_end_ids=end, answer_prefix_ids=[], draft_ids=[], draft_forked_at=None)
     config = mode_config(mode)
     proposer = OracleProposer(tokens.prompt_ids, tokens.cot_ids + tokens.answer_ids,
-                              history.responses if history is not None else (), config.suffix.max_span) \
-        if mode == "oracle" else REPLAY_PEERS[mode](tokens.prompt_ids, history) if mode in REPLAY_PEERS else None
+                              history.responses if history is not None else (), config.suffix.max_span, ORACLES[mode]) \
+        if mode in ORACLES else REPLAY_PEERS[mode](tokens.prompt_ids, history) if mode in REPLAY_PEERS else None
     tree = candidates == "tree" or (proposer is not None and proposer.shape.tree)  # a peer's engine verifies its tree
     engine = (TreeReplayEngine if tree else ReplayEngine)(
         model, setting.costs, host=host, max_sequences=1 if candidates == "chain" else SEQUENCES, kept=kept)
@@ -211,8 +212,8 @@ def headline_table(rows: list[dict], step_ms: float = 6.0) -> list[dict]:
         ssr = ratios.get((group, "ssr"), {})
         table.append({"suite": suite, "engine": engine, "ratios": median, "best_peer": best,
                       "ssr_vs_best": median["ssr"] / median[best] if best and "ssr" in median else None,
-                      "ssr_vs_oracle": median["ssr"] / median["oracle"] if "ssr" in median and "oracle" in median
-                      else None,
+                      **{f"ssr_vs_{oracle}": median["ssr"] / median[oracle] if "ssr" in median and oracle in median
+                         else None for oracle in ORACLES},
                       "ssr_worst": max(ssr.values()) if ssr else None,
                       "at_step": {mode: passes[(suite, engine, mode)]["ratio_at_step"]
                                   for mode in median if (suite, engine, mode) in passes}})
@@ -223,15 +224,15 @@ def format_headline(table: list[dict], step_ms: float, markdown: bool = False) -
     from .report import MODE_ORDER, render_table
 
     modes = [m for m in MODE_ORDER if m != "ar" and any(m in t["ratios"] for t in table)]
-    oracle = any(t["ssr_vs_oracle"] is not None for t in table)
+    oracles = [oracle for oracle in ORACLES if any(t[f"ssr_vs_{oracle}"] is not None for t in table)]
 
     def cell(value: float | None) -> str:
         return "-" if value is None else f"{value:.3f}"
 
-    columns = ["suite", "engine"] + modes + ["ssr / best peer"] + (["ssr / oracle"] if oracle else []) \
+    columns = ["suite", "engine"] + modes + ["ssr / best peer"] + [f"ssr / {oracle}" for oracle in oracles] \
         + ["ssr worst", f"ssr @{step_ms:g} ms + host", f"best peer @{step_ms:g} ms + host"]
     lines = [[t["suite"], t["engine"]] + [cell(t["ratios"].get(m)) for m in modes]
-             + [cell(t["ssr_vs_best"])] + ([cell(t["ssr_vs_oracle"])] if oracle else [])
+             + [cell(t["ssr_vs_best"])] + [cell(t[f"ssr_vs_{oracle}"]) for oracle in oracles]
              + [cell(t["ssr_worst"]), cell(t["at_step"].get("ssr")), cell(t["at_step"].get(t["best_peer"]))]
              for t in table]
     return render_table(columns, lines, markdown)
