@@ -10,6 +10,7 @@ import pytest
 from ssr.bench.oracle import CopyIndex, OracleProposer
 from ssr.bench.trace_replay import TRACE_MODES, replay_all
 from ssr.bench.traces import load_traces, tokenize_trace
+from ssr.verifying.verify import common_prefix
 from test_traces import GPU, WordVocab, write_traces
 
 pytestmark = pytest.mark.shared_data  # needs nothing from ../shared: runs from a clone too
@@ -72,7 +73,7 @@ def brute_anchored(sequences: list[list[int]], tail: list[int], ahead: list[int]
             if sequence[start: start + len(tail)] != tail:
                 continue
             after = sequence[start + len(tail):]
-            best = max(best, next((i for i, (a, b) in enumerate(zip(after, ahead)) if a != b), min(len(after), len(ahead))))
+            best = max(best, common_prefix(after, ahead))
     return best
 
 

@@ -102,7 +102,7 @@ class OracleProposer:
         self.future = list(future)  # the whole output, known in hindsight
         self.max_span = max_span
         self.anchor = anchor  # tokens of the context's end a copy must follow (0: none)
-        self.tail = list(prompt[len(prompt) - anchor:]) if anchor else []  # the context's last `anchor` tokens
+        self.tail = list(prompt[-anchor:]) if anchor else []  # the context's last `anchor` tokens
         self.seen = 0  # output tokens committed so far
         self.index = CopyIndex()
         for sequence in list(earlier) + [list(prompt)]:  # earlier responses, then the request
