@@ -11,6 +11,7 @@ from typing import Protocol
 
 from ..config import SuffixParams
 from .history import ResponseHistory
+from .realign import Realigner
 from .source import NO_SOURCE, Source
 from .suffix_tree import SuffixTree, match_bucket
 
@@ -71,12 +72,15 @@ class CompetingProposers:
     shape = CHAIN
     implementation = None  # not said: its sources are several
 
-    def __init__(self, proposers: dict[str, Proposer]) -> None:
+    def __init__(self, proposers: dict[str, Proposer], realigner: Realigner | None = None) -> None:
         self.proposers = proposers  # name -> proposer (each names its candidates' sources)
+        self.realigner = realigner  # realign.Realigner: copies realigned after the model changed them (None: not)
 
     def observe(self, token_ids: Sequence[int]) -> None:
         for proposer in self.proposers.values():
             proposer.observe(token_ids)
+        if self.realigner is not None:
+            self.realigner.observe(token_ids)
 
     def add_source(self, token_ids: Sequence[int]) -> None:
         for proposer in self.proposers.values():
@@ -90,7 +94,11 @@ class CompetingProposers:
         return [], None
 
     def candidates(self, max_tokens: int) -> list[tuple[Source, list[int]]]:
-        return [candidate for proposer in self.proposers.values() for candidate in proposer.candidates(max_tokens)]
+        found = [candidate for proposer in self.proposers.values() for candidate in proposer.candidates(max_tokens)]
+        if self.realigner is not None:
+            found += self.realigner.candidates(max_tokens)
+            self.realigner.follow(found)
+        return found
 
 
 class ArcticSuffixProposer(OneSource):
@@ -238,7 +246,8 @@ def request_proposer(config, extend_prob: float | None, prompt_ids: Sequence[int
     compete; with `several` (several candidates a pass) the suffix tree's other branches too;
     with `wide` (a token tree or a chain picked among them) lookup's other ways and frequent tokens;
     with `trie` (a token tree; a chain loses more picks to its paths than it wins, docs/traces.md)
-    the recency trie's draft tree (trie.py), lookup's skips and more frequent tokens; with
+    the recency trie's draft tree (trie.py), lookup's skips, more frequent tokens and copies
+    realigned after the model changed them (realign.py); with
     `views`, a suffix tree of them (escaped_suffix).
     The peers as their users run them."""
     kind = config.proposer
@@ -254,7 +263,7 @@ def request_proposer(config, extend_prob: float | None, prompt_ids: Sequence[int
             parts["trie"] = TrieProposer(prompt_ids, history)
         if views:
             parts["escaped"] = escaped_suffix(params, prompt_ids, views, extend_prob)
-        return CompetingProposers(parts)
+        return CompetingProposers(parts, Realigner() if trie else None)
     if kind == "suffix":
         return suffix_peer(prompt_ids, history)
     if kind == "pld":
