@@ -6,7 +6,7 @@ import pytest
 
 from ssr.config import GenerationConfig
 from ssr.proposing.proposers import request_proposer
-from ssr.proposing.realign import REJOIN, RESUME, RETRY, Realigner
+from ssr.proposing.realign import REJOIN, RESUME, Realigner
 from ssr.proposing.source import Source
 
 OTHER = Source.of("lookup", 1)
@@ -22,12 +22,12 @@ def offers_after(spans, committed, chunks=1, least=1, max_tokens=64):
 
 
 @pytest.mark.parametrize("spans, committed, expected", [
-    # "the red dog ran" copied as "the big": past "red" (substituted), or "red" again (inserted)
-    ([[1, 2, 3, 4]], [1, 9], [(RESUME, [3, 4]), (RETRY, [2, 3, 4])]),
+    # "the red dog ran" copied as "the big": past "red" (substituted)
+    ([[1, 2, 3, 4]], [1, 9], [(RESUME, [3, 4])]),
     # the model left "red" out: it wrote the token after it, so the copy goes on after that
     ([[1, 2, 3, 4]], [1, 3], [(REJOIN, [4])]),
-    # the change was at the copy's last token: only the rejected tail again
-    ([[1, 2]], [1, 9], [(RETRY, [2])]),
+    # the change was at the copy's last token: nothing past it
+    ([[1, 2]], [1, 9], []),
     # no token of it was right: not realigned (every unchosen candidate is wrong at its first)
     ([[1, 2, 3]], [9], []),
     # the copy was right to its end: nothing changed it
@@ -35,9 +35,9 @@ def offers_after(spans, committed, chunks=1, least=1, max_tokens=64):
     # the change was a token before the last: the copy is not offered again
     ([[1, 2, 3, 4]], [1, 9, 3], []),
     # of several, the one right the furthest
-    ([[1, 5, 6, 7], [1, 2, 3, 4]], [1, 2, 9], [(RESUME, [4]), (RETRY, [3, 4])]),
+    ([[1, 5, 6, 7], [1, 2, 3, 4]], [1, 2, 9], [(RESUME, [4])]),
     # ties: the first proposed
-    ([[1, 5, 6], [1, 7, 8]], [1, 9], [(RESUME, [6]), (RETRY, [5, 6])]),
+    ([[1, 5, 6], [1, 7, 8]], [1, 9], [(RESUME, [6])]),
 ])
 def test_realigned_copies(spans, committed, expected):
     assert offers_after(spans, committed) == expected
@@ -45,9 +45,9 @@ def test_realigned_copies(spans, committed, expected):
 
 
 def test_realigned_copies_are_cut_to_the_room_and_need_enough_right():
-    assert offers_after([[1, 2, 3, 4, 5]], [1, 9], max_tokens=2) == [(RESUME, [3, 4]), (RETRY, [2, 3])]
+    assert offers_after([[1, 2, 3, 4, 5]], [1, 9], max_tokens=2) == [(RESUME, [3, 4])]
     assert offers_after([[1, 2, 3, 4, 5]], [1, 9], least=2) == []
-    assert offers_after([[1, 2, 3, 4, 5]], [1, 2, 9], least=2) == [(RESUME, [4, 5]), (RETRY, [3, 4, 5])]
+    assert offers_after([[1, 2, 3, 4, 5]], [1, 2, 9], least=2) == [(RESUME, [4, 5])]
 
 
 def brute_force(spans, committed, least):
@@ -64,7 +64,7 @@ def brute_force(spans, committed, least):
     token = committed[-1]
     if at + 1 < len(span) and span[at + 1] == token:
         return [(REJOIN, span[at + 2:])] if span[at + 2:] else []
-    return ([(RESUME, span[at + 1:])] if span[at + 1:] else []) + [(RETRY, span[at:])]
+    return [(RESUME, span[at + 1:])] if span[at + 1:] else []
 
 
 @pytest.mark.parametrize("seed", range(30))
@@ -88,8 +88,8 @@ def test_a_token_tree_s_proposer_offers_a_copy_past_the_changed_token():
     assert prompt[1:9] in spans
     proposer.observe([101, 102, 7])  # two right, then 7 instead of 103
     found = proposer.candidates(8)
-    assert (RESUME, prompt[4:9]) in found and (RETRY, prompt[3:9]) in found  # the rest of that span
+    assert (RESUME, prompt[4:9]) in found  # the rest of that span
     chain = request_proposer(GenerationConfig(mode="ssr"), None, prompt + [100], None, several=True, wide=True)
     chain.candidates(8)
     chain.observe([101, 102, 7])
-    assert not any(source in (RESUME, RETRY, REJOIN) for source, _ in chain.candidates(8))  # one chain: not offered
+    assert not any(source in (RESUME, REJOIN) for source, _ in chain.candidates(8))  # one chain: not offered

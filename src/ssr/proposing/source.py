@@ -15,12 +15,10 @@ SUFFIX_MATCHES = (1,) + MATCH_BUCKETS  # a suffix span's match-length bucket -> 
 # candidate was right: 0.5% each for ranks 9-16, 0.4% for 17-32), but on a token tree one node
 # costs less than that is worth; "skip" (a token that came two after the second-to-last one,
 # lookup.LookupProposer): as rare as the 8 commonest, given the same; a copy realigned after the
-# model changed it (realign.py: "resume" past the changed token, "retry" its rejected tail,
-# "rejoin" past a token left out): below a 1-token match's 0.33, the insertion lowest (each is
-# learnt within a few dozen spans; on a token tree, GPU preset, cold, "resume" won 7% of the passes
-# at 1.1 tokens each)
-UNMATCHED_PRIORS = {"frequent": (0.05, 0.02, 0.01), "skip": (0.05,), "resume": (0.3,), "retry": (0.2,),
-                    "rejoin": (0.3,)}
+# model changed it (realign.py: "resume" past the changed token, "rejoin" past a token left out):
+# below a 1-token match's 0.33 (each is learnt within a few dozen spans; 0.1 instead moved
+# nemo-gym's median in deployment order by 0.0002)
+UNMATCHED_PRIORS = {"frequent": (0.05, 0.02, 0.01), "skip": (0.05,), "resume": (0.3,), "rejoin": (0.3,)}
 FREQUENT_BANDS = (0, 8, 16)  # the context's commonest tokens in bands by rank, learnt apart: [band] its first rank
 NAMED_NO_MATCH_PRIOR = 0.9  # the first token's prior for other sources that name no match
 SUFFIX_KINDS = ("suffix", "escaped")  # sources whose match is a suffix tree's bucket
@@ -35,7 +33,7 @@ class Source:
     kind: str  # "suffix" (the suffix tree), "escaped" (the suffix tree of the escaped views), "lookup" (an
     #            n-gram's earliest occurrence), "recent" (a later one), "other" (another way the n-gram
     #            went), "skip" (what came two after the second-to-last token), "frequent", "resume" /
-    #            "retry" / "rejoin" (a copy realigned after a change, realign.py), or a peer's or the
+    #            "rejoin" (a copy realigned after a change, realign.py), or a peer's or the
     #            oracle's name
     match: int | None = None  # tokens of context its spans follow at least (None: it names no match)
     alternative: bool = False  # another branch of the suffix tree after the same match than its best
