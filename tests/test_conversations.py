@@ -15,7 +15,7 @@ from ssr.bench.trace_replay import replay_all, replay_trace
 from ssr.bench.traces import load_traces, parse_record, read_traces, tokenize_trace
 from ssr.bench.turns import answer_passes, turn_table
 from ssr.config import ConfigError
-from ssr.engines.prefix import common_prefix
+from ssr.verifying.verify import common_prefix
 
 pytestmark = pytest.mark.shared_data  # runs from a clone too: nothing here reads ../shared
 

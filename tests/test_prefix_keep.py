@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from ssr.config import GenerationConfig
-from ssr.engines.prefix import PrefixKeeper, common_prefix
+from ssr.engines.prefix import PrefixKeeper
+from ssr.verifying.verify import common_prefix
 
 CONFIG = GenerationConfig(max_tokens=24, thinking_budget=24, draft_at=8, draft_tokens=8)
 TURN1 = [{"role": "user", "content": "Write a Python function that reverses a list. " * 6}]

@@ -31,7 +31,8 @@ import numpy as np
 
 from ..pricing.costs import CostTable
 from ..engines.base import Capabilities, TokenListTree
-from ..engines.prefix import MIN_SHARED_TOKENS, common_prefix
+from ..engines.prefix import MIN_SHARED_TOKENS
+from ..verifying.verify import common_prefix
 from ..proposing.proposers import CHAIN
 from ..proposing.source import Source
 from ..formats.thinking import ThinkingFormat

@@ -15,13 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-
-def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    size = min(len(a), len(b))
-    for index in range(size):
-        if a[index] != b[index]:
-            return index
-    return size
+from ..verifying.verify import common_prefix
 
 
 MIN_SHARED_TOKENS = 16  # a shorter common prefix is not worth keeping (or taking) a stream for

@@ -13,7 +13,7 @@ from collections import deque
 from collections.abc import Sequence
 from itertools import islice
 
-from ..engines.prefix import common_prefix
+from ..verifying.verify import common_prefix
 from .history import ResponseHistory
 from .proposers import CHAIN
 from .source import Source
