@@ -36,7 +36,7 @@ from ..proposing.history import ResponseHistory
 from ..pricing.drafting import PolicyStats
 from ..proposing.proposers import request_proposer
 from ..proposing.source import NO_SOURCE, Source
-from ..pricing.span_policy import SpanPolicy, span_extension
+from ..pricing.span_policy import SpanPolicy, judge, left_out, span_extension
 
 log = logging.getLogger("ssr.drafter")
 
@@ -70,6 +70,7 @@ class ChainDrafter:
     stats: PolicyStats | None = None  # what earlier requests learnt (cold: None)
     steps: list[Step] | None = None  # its decisions, kept when a log is wanted
     _last: tuple[Source, list[int]] | None = field(default=None, repr=False)  # the chain vLLM is verifying
+    _left: tuple[tuple[Source, list[int]], ...] = field(default=(), repr=False)  # the candidates it left out
     _output: list[int] = field(default_factory=list, repr=False)
 
     def __post_init__(self) -> None:
@@ -78,8 +79,8 @@ class ChainDrafter:
         self.proposer = request_proposer(config, extend, list(self.prompt_ids), self.history,
                                          several=True, wide=True)
         learnt = self.stats.spans if self.stats is not None else {}
-        self.spans = SpanPolicy(self.costs, learnt.get("answer"))
-        self.cot_spans = SpanPolicy(self.costs, learnt.get("cot"))
+        self.spans = SpanPolicy(self.costs, learnt.get("answer"), judges=True)  # one chain a step:
+        self.cot_spans = SpanPolicy(self.costs, learnt.get("cot"), judges=True)  # the others judged
         self._end = list(self.end_ids)
 
     def step(self, sampled: Sequence[int], room: int, costs: CostModel | None = None) -> list[int]:
@@ -91,6 +92,7 @@ class ChainDrafter:
             source, span = self._last
             accepted = min(len(span), max(0, len(sampled) - 1))
             policy.observe_pass([(source, len(span), accepted)], policy.costs.cost(len(span) + 1))
+            policy.observe_judged(judge(self._left, list(sampled[:accepted + 1])))  # the others, on what it committed
             if self.steps:
                 self.steps[-1].accepted = accepted
         self._last = None
@@ -105,7 +107,7 @@ class ChainDrafter:
         if self.steps is not None:
             self.steps.append(Step(self.length, source, list(span)))
         if span:
-            self._last = (source, list(span))
+            self._last, self._left = (source, list(span)), left_out(found, chosen)
         return list(span)
 
     @property

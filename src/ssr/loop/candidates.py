@@ -15,7 +15,7 @@ from ..metrics import Metrics
 from ..proposing.proposers import CHAIN, Proposer, Shape
 from ..verifying.sampling import target_probs
 from ..proposing.source import Source
-from ..pricing.span_policy import SpanPolicy
+from ..pricing.span_policy import SpanPolicy, judge, left_out
 from ..verifying.tree import TokenTree, build_tree
 from ..verifying.verify import Verdict, common_prefix, verify_tree_greedy, verify_tree_sampled
 from .children import Draft, DraftChildren
@@ -35,6 +35,7 @@ class Outcome:
     won: int  # the candidate whose tokens the parent keeps
     base: int  # the parent's length before the pass (its pending token not yet fed)
     start_s: float  # the request clock when the pass began
+    unverified: tuple[Candidate, ...] = ()  # proposed but not verified (the span policy left them out)
 
     @property
     def source(self) -> Source:
@@ -58,6 +59,10 @@ class Outcome:
         return [(source, len(span), verdict.num_accepted)
                 for (source, span), verdict in zip(self.candidates, self.verdicts)]
 
+    def judged(self) -> list[tuple[Source, int, int]]:
+        """The unverified candidates judged against the tokens the pass committed (span_policy.judge)."""
+        return judge(self.unverified, self.committed)
+
     def event(self, kind: str, at: int) -> dict:
         """The trace's record of the pass; several candidates: how many, which won."""
         several = {"candidates": len(self.candidates), "won": self.won} if len(self.candidates) > 1 else {}
@@ -77,6 +82,7 @@ class CandidatePass:
         self.shape: Shape = CHAIN  # how the request's proposer has its candidates verified (set with it)
         self._forks: list[int] = []  # the pass under way's forks (candidates 2.. on forks of the parent)
         self._tree: TokenTree | None = None  # the pass under way's token tree (tree attention)
+        self._unverified: tuple[Candidate, ...] = ()  # the pass under way's candidates the policy left out
 
     def propose(self, proposer: Proposer | None, room: int, policy: SpanPolicy) -> list[Candidate]:
         """[(source, span of at most `room` tokens)], [] for a plain step. The ssr modes let the
@@ -85,14 +91,19 @@ class CandidatePass:
         peers verify what their one proposer proposes, as their users run them (a peer with a
         token tree of its own, Shape.tree: all of it)."""
         found = proposer.candidates(room) if proposer is not None and room > 0 else []
+        self._unverified = ()
         if not found:
             return []
         if not self.chooses:
             return found if self.shape.tree else found[:1]
         most = self.speculation.candidates
         if self.speculation.layout is Layout.TREE and self._as_tree(self.children.alive):  # one tree on the parent
-            return policy.choose_many(found, most, tree=True)
-        return policy.choose_many(found, min(most, 1 + max(0, self.seqs.free())))
+            chosen = policy.choose_many(found, most, tree=True)
+        else:
+            chosen = policy.choose_many(found, min(most, 1 + max(0, self.seqs.free())))
+        if policy.judges:  # the candidates it left out, to be judged against what the pass commits
+            self._unverified = left_out(found, chosen)
+        return chosen
 
     def _as_tree(self, child: Draft | None) -> bool:
         """The pass's candidates go on as one token tree: the engine has tree attention and no
@@ -110,19 +121,19 @@ class CandidatePass:
             scores = self._score_tree(pending, spans, thinking)  # [n, vocab] or [n]
             if greedy:  # one walk down the tree
                 verdicts = verify_tree_greedy(self._tree.token_ids, self._tree.paths, scores)
-                return Outcome(candidates, verdicts, self._keep(verdicts), base, start)
+                return Outcome(candidates, verdicts, self._keep(verdicts), base, start, self._unverified)
             scored = [scores[path] for path in self._tree.paths]  # [k_i + 1, vocab]: fancy indexing copies
         else:
             scored = self._score_each(pending, spans, child, thinking)
         if greedy or len(candidates) == 1:
             verdicts = [self.verifier.verdict(span, rows) for span, rows in zip(spans, scored)]
-            return Outcome(candidates, verdicts, self._keep(verdicts), base, start)
+            return Outcome(candidates, verdicts, self._keep(verdicts), base, start, self._unverified)
         won, verdict = verify_tree_sampled(spans, [target_probs(rows, self.verifier.sampling) for rows in scored],
                                            self.verifier.rng)
         emitted = spans[won][: verdict.num_accepted] + [verdict.next_token]
         verdicts = [verdict if i == won else Verdict(common_prefix(span, emitted), verdict.next_token, True)
                     for i, span in enumerate(spans)]  # what each candidate alone got right, for its statistics
-        return Outcome(candidates, verdicts, self._keep(verdicts, won), base, start)
+        return Outcome(candidates, verdicts, self._keep(verdicts, won), base, start, self._unverified)
 
     def _score_each(self, pending: int, spans: list[list[int]], child: Draft | None,
                     thinking: bool) -> list[np.ndarray]:

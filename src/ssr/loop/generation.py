@@ -38,7 +38,7 @@ from ..formats.thinking import ThinkingFormat
 from .candidates import CandidatePass, Outcome
 from .children import Draft, DraftChildren, stage_metrics
 from .sequences import Sequences
-from .speculation import decide
+from .speculation import Layout, decide
 from .transcript import Chunk
 from .verifier import Verifier
 from .walk import Walk
@@ -65,8 +65,9 @@ class Generation(Walk):
         self.plan = plan or plan_request(config, self.costs, stats or PolicyStats(),
                                          spans_beside_child=spec.beside_child)
         learnt = stats.spans if stats is not None else {}  # span acceptance earlier requests measured
-        self.spans = SpanPolicy(self.costs, learnt.get("answer"))  # answer span lengths worth a verify pass
-        self.cot_spans = SpanPolicy(self.costs, learnt.get("cot"))  # the same for CoT spans (accepted less)
+        judges = spec.layout is Layout.CHAIN  # one candidate verified a pass: the others judged
+        self.spans = SpanPolicy(self.costs, learnt.get("answer"), judges)  # answer span lengths worth a verify pass
+        self.cot_spans = SpanPolicy(self.costs, learnt.get("cot"), judges)  # the same for CoT spans (accepted less)
         self.metrics.policy, self.metrics.spans_beside_child = self.plan.as_dict(), spec.beside_child
         ids = config.sampling.greedy and engine.capabilities.returns_ids  # argmax where the logits live
         self.seqs = Sequences(engine, self.costs, self.metrics, banned_ids, ids)
@@ -247,6 +248,8 @@ class Generation(Walk):
     def _observe(self, outcome: Outcome, policy: SpanPolicy, kind: str, at: int, seconds: float) -> None:
         """What the pass taught the span policy, and its trace event."""
         policy.observe_pass(outcome.verified(), seconds)
+        if policy.judges:
+            policy.observe_judged(outcome.judged())
         self.trace.append(outcome.event(kind, at))
 
     def _engine_time(self) -> tuple[float, int]:
