@@ -50,6 +50,7 @@ def test_only_a_judging_policy_learns_from_judged_spans_and_it_remembers_longer(
         policy.observe_judged([(B, 4, 4)])
     assert B not in quiet.stats and judging.stats[B].at_risk == [1.0] * 4
     assert quiet.stats[A].decay == AcceptanceStats.decay and judging.stats[A].decay == JUDGED_DECAY
+    assert JUDGED_DECAY > AcceptanceStats.decay  # it learns from every candidate: each span weighs less
     carried = SpanPolicy(GPU_LIKE, dict(quiet.stats), judges=True)  # an earlier request's record, carried
     assert carried.stats[A].decay == JUDGED_DECAY
 
