@@ -13,7 +13,8 @@ from ssr.loop import Generation
 from ssr.engines.base import Capabilities
 from ssr.engines.fake import FakeEngine
 from ssr.proposing.source import Source
-from ssr.pricing.span_policy import MAX_BRANCHES, AcceptanceStats, SpanPolicy
+from ssr.pricing.acceptance import AcceptanceStats
+from ssr.pricing.span_policy import MAX_BRANCHES, SpanPolicy
 from ssr.formats.thinking import FORMATS
 
 FMT = FORMATS["code"]

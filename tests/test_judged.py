@@ -3,7 +3,8 @@ pass committed, and their sources learn from it (SpanPolicy `judges`)."""
 import pytest
 
 from ssr.pricing.costs import CostModel
-from ssr.pricing.span_policy import JUDGED_DECAY, AcceptanceStats, SpanPolicy, judge, left_out
+from ssr.pricing.acceptance import AcceptanceStats
+from ssr.pricing.span_policy import JUDGED_DECAY, SpanPolicy, judge, left_out
 from ssr.proposing.source import Source
 
 A, B, C = Source.of("lookup", 3), Source.of("frequent"), Source.of("recent", 2)

@@ -151,7 +151,7 @@ def test_sampling_on_tree_passes_runs_and_releases_everything(seed):
 
 
 def _whole_or_nothing(rate, spans=20):
-    from ssr.pricing.span_policy import AcceptanceStats
+    from ssr.pricing.acceptance import AcceptanceStats
 
     stats = AcceptanceStats()
     for i in range(spans):
@@ -189,7 +189,7 @@ def test_a_candidate_beside_the_chosen_ones_keeps_the_nodes_that_pay(probs, wort
 
 def _halving():
     """A source each of whose tokens is right half the time after the ones before (0.5, 0.25, ...)."""
-    from ssr.pricing.span_policy import AcceptanceStats
+    from ssr.pricing.acceptance import AcceptanceStats
 
     halving = AcceptanceStats(prior_weight=1e-9, decay=1.0)
     for accepted in range(9):

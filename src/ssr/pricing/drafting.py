@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, field, replace
 
 from ..config import MODE_TABLE, GenerationConfig
 from .costs import CostModel
-from .span_policy import AcceptanceStats
+from .acceptance import AcceptanceStats
 
 SEED_NGRAM = 4  # answer tokens count as found in the draft when this n-gram ending at them is there
 
