@@ -61,7 +61,7 @@ class Outcome:
 
     def judged(self) -> list[tuple[Source, int, int]]:
         """The unverified candidates judged against the tokens the pass committed (span_policy.judge)."""
-        return judge(self.unverified, self.committed)
+        return judge(self.unverified, self.committed) if self.unverified else []
 
     def event(self, kind: str, at: int) -> dict:
         """The trace's record of the pass; several candidates: how many, which won."""

@@ -248,8 +248,7 @@ class Generation(Walk):
     def _observe(self, outcome: Outcome, policy: SpanPolicy, kind: str, at: int, seconds: float) -> None:
         """What the pass taught the span policy, and its trace event."""
         policy.observe_pass(outcome.verified(), seconds)
-        if policy.judges:
-            policy.observe_judged(outcome.judged())
+        policy.observe_judged(outcome.judged())  # (none unless it judges: CandidatePass.propose)
         self.trace.append(outcome.event(kind, at))
 
     def _engine_time(self) -> tuple[float, int]:

@@ -88,7 +88,7 @@ def left_out(found: Sequence[tuple[Source, list[int]]],
 def judge(candidates: Sequence[tuple[Source, list[int]]], committed: Sequence[int]) -> list[tuple[Source, int, int]]:
     """(source, tokens judged, of them right) per candidate: its span against the tokens a pass
     committed, as far as they go (past them it is not judged yet), for SpanPolicy.observe_judged."""
-    return [(source, min(len(span), len(committed)), min(common_prefix(span, committed), len(committed)))
+    return [(source, min(len(span), len(committed)), common_prefix(span, committed))
             for source, span in candidates]
 
 
