@@ -1,5 +1,5 @@
 """One chain a pass: the candidates the span policy leaves out are judged against the tokens the
-pass committed, and their sources learn from it (SpanPolicy `judges`)."""
+pass committed, and their sources learn from it (SpanPolicy `one_chain`)."""
 import pytest
 
 from ssr.pricing.costs import CostModel
@@ -29,7 +29,7 @@ def test_a_judged_span_teaches_its_source_what_a_verified_one_would():
     """A span judged (k judged, r right) is observed as a verified span of k tokens with r
     accepted: a failure at r where r < k, none where it is right as far as it is judged."""
     for span, committed in [(s, c) for _, s, c, _ in JUDGE]:
-        judged, verified = SpanPolicy(GPU_LIKE, judges=True), SpanPolicy(GPU_LIKE, judges=True)
+        judged, verified = SpanPolicy(GPU_LIKE, one_chain=True), SpanPolicy(GPU_LIKE, one_chain=True)
         [(_, num, right)] = judge([(A, span)], committed)
         judged.observe_judged([(A, num, right)])
         verified.observe(num, right, source=A)
@@ -46,13 +46,13 @@ def test_left_out_keeps_what_the_policy_did_not_choose():
 
 
 def test_only_a_judging_policy_learns_from_judged_spans_and_it_remembers_longer():
-    quiet, judging = SpanPolicy(GPU_LIKE), SpanPolicy(GPU_LIKE, judges=True)
+    quiet, judging = SpanPolicy(GPU_LIKE), SpanPolicy(GPU_LIKE, one_chain=True)
     for policy in (quiet, judging):
         policy.observe_judged([(B, 4, 4)])
     assert B not in quiet.stats and judging.stats[B].at_risk == [1.0] * 4
     assert quiet.stats[A].decay == AcceptanceStats.decay and judging.stats[A].decay == JUDGED_DECAY
     assert JUDGED_DECAY > AcceptanceStats.decay  # it learns from every candidate: each span weighs less
-    carried = SpanPolicy(GPU_LIKE, dict(quiet.stats), judges=True)  # an earlier request's record, carried
+    carried = SpanPolicy(GPU_LIKE, dict(quiet.stats), one_chain=True)  # an earlier request's record, carried
     assert carried.stats[A].decay == JUDGED_DECAY
 
 
@@ -63,7 +63,7 @@ def test_a_source_never_picked_is_picked_once_judged_right():
     candidates = [(A, [1, 2, 3, 4]), (B, [5, 6, 7, 8])]
     picks = {}
     for judges in (False, True):
-        policy = SpanPolicy(GPU_LIKE, judges=judges)
+        policy = SpanPolicy(GPU_LIKE, one_chain=judges)
         for turn in range(12):
             source, span = policy.choose(candidates)
             policy.observe(len(span), 0 if turn % 2 else len(span), source=source)
@@ -94,7 +94,7 @@ def test_a_chain_judges_and_its_output_is_still_plain_decodings(prompt, monkeypa
         generation = Generation(FakeEngine(order=2, max_sequences=1), FORMATS["code"], config,
                                 [ord(c) for c in prompt], costs=CostModel(table=gpu_preset()), plan=NO_DRAFT)
         results[mode] = generation.run()
-    assert generation.speculation.layout is Layout.CHAIN and generation.spans.judges
+    assert generation.speculation.layout is Layout.CHAIN and generation.spans.one_chain
     passes = sum(1 for event in results["ssr"].trace if "source" in event)
     assert len(judged) > passes and any(right for _, _, right in judged)
     assert (results["ssr"].cot_ids, results["ssr"].answer_ids) == (results["ar"].cot_ids, results["ar"].answer_ids)

@@ -79,8 +79,8 @@ class ChainDrafter:
         self.proposer = request_proposer(config, extend, list(self.prompt_ids), self.history,
                                          several=True, wide=True)
         learnt = self.stats.spans if self.stats is not None else {}
-        self.spans = SpanPolicy(self.costs, learnt.get("answer"), judges=True)  # one chain a step:
-        self.cot_spans = SpanPolicy(self.costs, learnt.get("cot"), judges=True)  # the others judged
+        self.spans = SpanPolicy(self.costs, learnt.get("answer"), one_chain=True)  # one chain a step:
+        self.cot_spans = SpanPolicy(self.costs, learnt.get("cot"), one_chain=True)  # the others judged
         self._end = list(self.end_ids)
 
     def step(self, sampled: Sequence[int], room: int, costs: CostModel | None = None) -> list[int]:

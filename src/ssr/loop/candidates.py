@@ -101,7 +101,7 @@ class CandidatePass:
             chosen = policy.choose_many(found, most, tree=True)
         else:
             chosen = policy.choose_many(found, min(most, 1 + max(0, self.seqs.free())))
-        if policy.judges:  # the candidates it left out, to be judged against what the pass commits
+        if policy.one_chain:  # the candidates it left out, to be judged against what the pass commits
             self._unverified = left_out(found, chosen)
         return chosen
 

@@ -65,9 +65,9 @@ class Generation(Walk):
         self.plan = plan or plan_request(config, self.costs, stats or PolicyStats(),
                                          spans_beside_child=spec.beside_child)
         learnt = stats.spans if stats is not None else {}  # span acceptance earlier requests measured
-        judges = spec.layout is Layout.CHAIN  # one candidate verified a pass: the others judged
-        self.spans = SpanPolicy(self.costs, learnt.get("answer"), judges)  # answer span lengths worth a verify pass
-        self.cot_spans = SpanPolicy(self.costs, learnt.get("cot"), judges)  # the same for CoT spans (accepted less)
+        one_chain = spec.layout is Layout.CHAIN  # one candidate verified a pass: the others judged, shared tokens pooled
+        self.spans = SpanPolicy(self.costs, learnt.get("answer"), one_chain)  # answer span lengths worth a verify pass
+        self.cot_spans = SpanPolicy(self.costs, learnt.get("cot"), one_chain)  # the same for CoT spans (accepted less)
         self.metrics.policy, self.metrics.spans_beside_child = self.plan.as_dict(), spec.beside_child
         ids = config.sampling.greedy and engine.capabilities.returns_ids  # argmax where the logits live
         self.seqs = Sequences(engine, self.costs, self.metrics, banned_ids, ids)
@@ -248,7 +248,7 @@ class Generation(Walk):
     def _observe(self, outcome: Outcome, policy: SpanPolicy, kind: str, at: int, seconds: float) -> None:
         """What the pass taught the span policy, and its trace event."""
         policy.observe_pass(outcome.verified(), seconds)
-        policy.observe_judged(outcome.judged())  # (none unless it judges: CandidatePass.propose)
+        policy.observe_judged(outcome.judged())  # (none unless one chain a pass: CandidatePass.propose)
         self.trace.append(outcome.event(kind, at))
 
     def _engine_time(self) -> tuple[float, int]:

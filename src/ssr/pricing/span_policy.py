@@ -92,6 +92,20 @@ def judge(candidates: Sequence[tuple[Source, list[int]]], committed: Sequence[in
             for source, span in candidates]
 
 
+def pooled_probs(probs: Sequence[float], sharing: Sequence[Sequence[float]]) -> list[float]:
+    """A candidate's chance that each prefix of it is right, pooled with the other candidates that
+    propose the same tokens: probs[i], its own chance for its first i + 1 tokens (S(i + 1)); each
+    of `sharing`, another candidate's S(1) .. S(k) over the k first tokens it shares with this one.
+    A prefix is right when any candidate that proposes it is, the candidates taken as independent
+    witnesses: 1 - the product of their misses. Non-increasing, as each S is and fewer candidates
+    share the longer prefixes."""
+    miss = [1.0 - prob for prob in probs]
+    for other in sharing:
+        for i, prob in enumerate(other[: len(miss)]):
+            miss[i] *= 1.0 - prob
+    return [1.0 - each for each in miss]
+
+
 def _priced(priced: list[float], costs: CostModel, num_tokens: int) -> float:
     """costs.cost(num_tokens), from the pass's price list where it reaches (priced[k - 1]: k tokens)."""
     return priced[num_tokens - 1] if 0 < num_tokens <= len(priced) else costs.cost(num_tokens)
@@ -110,7 +124,7 @@ class _BySource(dict):
         return stats
 
 
-# a chain policy's memory (SpanPolicy `judges`): it learns from every candidate every pass, ten
+# a chain policy's memory (SpanPolicy `one_chain`): it learns from every candidate every pass, ten
 # times as many spans a source as from the one it verifies, so its spans weigh 0.99 less each
 # rather than 0.9: about the same stretch of text. GPU preset, `--candidates chain`, cold, ssr /
 # suffix (geometric mean of the medians): 0.9218 as verified only, 0.9178 judged at 0.9, 0.9128
@@ -123,7 +137,12 @@ class SpanPolicy:
     most expected tokens per second on this engine's cost curve (best_span), from each source's
     measured acceptance curve (AcceptanceStats; a suffix span's source names its match-length bucket);
     learns from every verdict, per source. Used by the decoding loop and (through the replay
-    engine) by the simulator alike.
+    engine) by the simulator alike. In one chain a pass (`one_chain`) a candidate's tokens that
+    other candidates propose too are priced with their chance pooled in (pooled_probs): the chain
+    is verified alone, so what it shares with the rest is all their witness counts for. GPU
+    preset, `--candidates chain`, ssr / suffix (geometric mean of the medians): cold 0.9128 ->
+    0.9083, deployment 0.9343 -> 0.9268. A token tree, which verifies the others beside it, gains
+    nothing from it (0.8027 -> 0.8028 cold) and does not pool.
 
     Guard (never slower than plain decoding): the loop also reports each pass's seconds;
     the realised gain, sum over passes of (tokens committed x a plain step's cost - the pass's
@@ -146,12 +165,13 @@ class SpanPolicy:
     carry = 0.75  # weight of earlier requests' spans in a new request's acceptance curves
 
     def __init__(self, costs: CostModel, learnt: dict[Source, AcceptanceStats] | None = None,
-                 judges: bool = False) -> None:
+                 one_chain: bool = False) -> None:
         self.costs = costs
         # one chain a pass (vLLM's drafter, `--candidates chain`): the candidates it leaves out learn
-        # from the tokens each pass commits too (observe_judged), as if verified
-        self.judges = judges
-        decay = JUDGED_DECAY if judges else AcceptanceStats.decay
+        # from the tokens each pass commits too (observe_judged), as if verified; and a candidate
+        # whose tokens others propose too is priced with their chance pooled in (pooled_probs)
+        self.one_chain = one_chain
+        decay = JUDGED_DECAY if one_chain else AcceptanceStats.decay
         # per source; starts from what earlier requests learnt (PolicyStats.spans), carried at 3/4 weight
         self.stats: dict[Source, AcceptanceStats] = _BySource(
             {source: replace(stats.carried(self.carry), decay=decay) for source, stats in (learnt or {}).items()},
@@ -184,8 +204,11 @@ class SpanPolicy:
         floors = pass_floors(priced)
         best = {source: best_spans(self.stats[source].probs(length), self.costs, priced, floors)
                 for source, length in longest.items()}  # source -> [span length] -> best_span
+        starting = self._starting(candidates) if self.one_chain else {}
         for source, span in candidates:
             length, rate = best[source][len(span)]
+            if length and len(starting.get(span[0], ())) > 1:  # one chain: others propose its tokens too
+                rate = self._pooled_rate(source, span, length, starting[span[0]], priced)
             if length:
                 ranked.append((rate, source, span[:length]))
         ranked.sort(key=lambda each: -each[0])  # stable: the first of equals stays first
@@ -195,6 +218,26 @@ class SpanPolicy:
                 return []
         chosen = [(source, span) for _, source, span in ranked[:1]]
         return self._add_beside(chosen, ranked[1:], max_count, tree, priced) if chosen else []
+
+    @staticmethod
+    def _starting(candidates: Sequence[tuple[Source, list[int]]]) -> dict[int, list[tuple[Source, list[int]]]]:
+        """The candidates by their first token."""
+        starting: dict[int, list[tuple[Source, list[int]]]] = {}
+        for candidate in candidates:
+            starting.setdefault(candidate[1][0], []).append(candidate)
+        return starting
+
+    def _pooled_rate(self, source: Source, span: list[int], length: int,
+                     starting: list[tuple[Source, list[int]]], priced: list[float]) -> float:
+        """Tokens per second of a chain's span, cut to `length`, whose first tokens other candidates
+        (`starting`: those that start as it does, itself among them) propose too: its chance for
+        each prefix pooled with theirs (pooled_probs)."""
+        sharing, cut = [], span[:length]
+        for other_source, other in starting:
+            common = 0 if other is span else common_prefix(cut, other)
+            if common:
+                sharing.append(self.stats[other_source].probs(common))
+        return (1.0 + sum(pooled_probs(self.stats[source].probs(length), sharing))) / priced[length]
 
     def _add_beside(self, chosen: list[tuple[Source, list[int]]], ranked: list[tuple[float, Source, list[int]]],
                     max_count: int, tree: bool, priced: list[float]) -> list[tuple[Source, list[int]]]:
@@ -284,11 +327,11 @@ class SpanPolicy:
 
     def observe_judged(self, judged: Sequence[tuple[Source, int, int]]) -> None:
         """Candidates the pass did not verify, judged against the tokens it committed: (source,
-        tokens judged, of them right) each; with `judges`, every source learns from them as from
+        tokens judged, of them right) each; with `one_chain`, every source learns from them as from
         its verified spans. In one chain a pass the pick is all there is, and a source the policy
         does not pick would otherwise never learn it had become right (docs/traces.md, "One chain
         a pass")."""
-        if not self.judges:
+        if not self.one_chain:
             return
         for source, num_judged, num_right in judged:
             if num_judged:
