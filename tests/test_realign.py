@@ -79,17 +79,20 @@ def test_realigned_copies_match_brute_force(seed):
         assert offers_after(spans, committed, chunks=len(committed), least=least) == expected
 
 
-def test_a_token_tree_s_proposer_offers_a_copy_past_the_changed_token():
-    """The request proposer of a token tree follows its own candidates: after a pass whose copy of
-    the prompt was right for two tokens and then changed, the copy past the change is offered."""
+@pytest.mark.parametrize("trie", [True, False], ids=["token tree", "one chain"])
+def test_a_wide_proposer_offers_a_copy_past_the_changed_token(trie):
+    """The request proposer of a token tree, or of one chain picked among many candidates,
+    follows its own candidates: after a pass whose copy of the prompt was right for two tokens and
+    then changed, the copy past the change is offered; where one source's span is verified a pass
+    (not `wide`), not."""
     prompt = list(range(100, 140))  # no token twice: lookup's only match is this copy
-    proposer = request_proposer(GenerationConfig(mode="ssr"), None, prompt + [100], None, several=True, wide=True, trie=True)
+    proposer = request_proposer(GenerationConfig(mode="ssr"), None, prompt + [100], None, several=True, wide=True, trie=trie)
     spans = [span for _, span in proposer.candidates(8)]
     assert prompt[1:9] in spans
     proposer.observe([101, 102, 7])  # two right, then 7 instead of 103
     found = proposer.candidates(8)
     assert (RESUME, prompt[4:9]) in found  # the rest of that span
-    chain = request_proposer(GenerationConfig(mode="ssr"), None, prompt + [100], None, several=True, wide=True)
-    chain.candidates(8)
-    chain.observe([101, 102, 7])
-    assert not any(source in (RESUME, REJOIN) for source, _ in chain.candidates(8))  # one chain: not offered
+    narrow = request_proposer(GenerationConfig(mode="ssr"), None, prompt + [100], None, several=True)
+    narrow.candidates(8)
+    narrow.observe([101, 102, 7])
+    assert not any(source in (RESUME, REJOIN) for source, _ in narrow.candidates(8))

@@ -244,10 +244,10 @@ def request_proposer(config, extend_prob: float | None, prompt_ids: Sequence[int
     """One proposer for a request's output, seeded with the prompt (drafts join at the close).
     ssr: its suffix tree (spans past the match length with `extend_prob`) and n-gram lookup
     compete; with `several` (several candidates a pass) the suffix tree's other branches too;
-    with `wide` (a token tree or a chain picked among them) lookup's other ways and frequent tokens;
+    with `wide` (a token tree or a chain picked among them) lookup's other ways, frequent tokens
+    and copies realigned after the model changed them (realign.py);
     with `trie` (a token tree; a chain loses more picks to its paths than it wins, docs/traces.md)
-    the recency trie's draft tree (trie.py), lookup's skips, more frequent tokens and copies
-    realigned after the model changed them (realign.py); with
+    the recency trie's draft tree (trie.py), lookup's skips and more frequent tokens; with
     `views`, a suffix tree of them (escaped_suffix).
     The peers as their users run them."""
     kind = config.proposer
@@ -263,7 +263,7 @@ def request_proposer(config, extend_prob: float | None, prompt_ids: Sequence[int
             parts["trie"] = TrieProposer(prompt_ids, history)
         if views:
             parts["escaped"] = escaped_suffix(params, prompt_ids, views, extend_prob)
-        return CompetingProposers(parts, Realigner() if trie else None)
+        return CompetingProposers(parts, Realigner() if wide else None)
     if kind == "suffix":
         return suffix_peer(prompt_ids, history)
     if kind == "pld":
