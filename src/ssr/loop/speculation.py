@@ -40,7 +40,8 @@ class Speculation:
     @property
     def trie(self) -> bool:
         """The recency trie's many paths are offered: only to a token tree (a chain, picking one,
-        lost more picks to them than it won: docs/traces.md, "Several candidates")."""
+        lost more picks to them than it won; since it pools what its candidates share they win it
+        0.15% at 24 nodes for 0.14 ms more host time a pass: docs/traces.md, "One chain a pass")."""
         return self.layout is Layout.TREE
 
 

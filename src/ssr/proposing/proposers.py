@@ -246,7 +246,7 @@ def request_proposer(config, extend_prob: float | None, prompt_ids: Sequence[int
     compete; with `several` (several candidates a pass) the suffix tree's other branches too;
     with `wide` (a token tree or a chain picked among them) lookup's other ways, frequent tokens
     and copies realigned after the model changed them (realign.py);
-    with `trie` (a token tree; a chain loses more picks to its paths than it wins, docs/traces.md)
+    with `trie` (a token tree; in a chain its paths cost more host time than they win, docs/traces.md)
     the recency trie's draft tree (trie.py), lookup's skips and more frequent tokens; with
     `views`, a suffix tree of them (escaped_suffix).
     The peers as their users run them."""

@@ -13,9 +13,10 @@ token tree, one chain). GPU preset, `--limit 30`, ssr / SGLang, geometric mean o
 development groups: cold 0.807 -> 0.803, deployment order 0.793 -> 0.786. In one chain (ssr /
 suffix) it took the one pick from a better candidate more often than it won (cold 0.922 ->
 0.925) until the chain pooled what its candidates share (span_policy.pooled_probs); since,
-cold 0.9083 -> 0.9067 and deployment order 0.9268 -> 0.9250. The rejected tail again (a token put in) as a
-third: its first token right 1.5% of the times it was verified, 0.1% faster on the development
-groups and 0.4% slower on nemo-gym in deployment order; left out (docs/traces.md).
+cold 0.9083 -> 0.9067 and deployment order 0.9268 -> 0.9250. The rejected tail again (a token
+put in) as a third: its first token right 1.5% of the times it was verified, 0.1% faster on
+the development groups and 0.4% slower on nemo-gym in deployment order; left out
+(docs/traces.md).
 """
 from __future__ import annotations
 
