@@ -26,6 +26,7 @@ class ResponseHistory:
         self._native: dict[int, object] = {}  # max_depth -> C++ suffix tree over the responses (ssr's source)
         self._native_seqs: list[int] = []  # its sequence ids, oldest first (bounded by requests, as vLLM's)
         self._kept: dict[str, object] = {}  # a peer's own cache across requests (SGLang's trie, llama.cpp's pool)
+        self._markov = None  # markov.EarlierResponses over the responses, made on first use
 
     def add(self, token_ids: Sequence[int]) -> None:
         for depth, cache in self._arctic.items():  # its live request wrote this response already
@@ -38,6 +39,8 @@ class ResponseHistory:
                 self._arctic_response(cache, token_ids)
         if self.max_tokens and token_ids:
             self._native_add(token_ids)
+            if self._markov is not None:
+                self._markov.add(token_ids)
         if not self.max_tokens or not token_ids or len(token_ids) > self.max_tokens:
             return
         self.responses.append(list(token_ids))
@@ -70,6 +73,20 @@ class ResponseHistory:
         """kept(name, make) made afresh (a cache that outgrew its bound)."""
         self._kept.pop(name, None)
         return self.kept(name, make)
+
+    def markov(self):
+        """The responses as one Markov model (markov.EarlierResponses, bounded by its own token
+        count), None when the history keeps none. Made on first use from the responses kept for
+        the Python trees, then grown with every response."""
+        if not self.max_tokens:
+            return None
+        if self._markov is None:
+            from .markov import EarlierResponses
+
+            self._markov = EarlierResponses()
+            for response in self.responses:
+                self._markov.add(response)
+        return self._markov
 
     NATIVE_REQUESTS = 10000  # responses the C++ trees keep (vLLM's suffix cache: 10,000 requests)
 

@@ -199,8 +199,9 @@ class SuffixProposer(OneSource):
 
 ALTERNATIVES = 4  # the suffix tree's further branches offered as candidates where several are verified a pass
 OTHER_WAYS = 8  # n-gram lookup's further candidates where weak ones are worth offering (`wide`)
-FREQUENT = 8  # the context's most frequent tokens offered as candidates there too (FrequentTokens)
-# on a token tree (`trie`), where each is a few nodes: the 32 commonest, in bands learnt apart
+# the context's most frequent tokens offered as candidates (FrequentTokens), only on a token tree
+# (`trie`; one chain has the Markov source's commonest token instead: cold 0.8980 -> 0.8976 without
+# lookup's 8 commonest, host 0.33 -> 0.29 ms a pass), where each is a few nodes: the 32 commonest, in bands learnt apart
 # (source.FREQUENT_BANDS), and up to 2 tokens that came two after the second-to-last one
 # (LookupProposer `skips`). GPU preset, cold, ssr / SGLang: 0.842 -> 0.817 with the bands and the
 # span policy's pricing of a candidate that starts another way, 0.810 with the skips; in one chain
@@ -244,10 +245,11 @@ def request_proposer(config, extend_prob: float | None, prompt_ids: Sequence[int
     """One proposer for a request's output, seeded with the prompt (drafts join at the close).
     ssr: its suffix tree (spans past the match length with `extend_prob`) and n-gram lookup
     compete; with `several` (several candidates a pass) the suffix tree's other branches too;
-    with `wide` (a token tree or a chain picked among them) lookup's other ways, frequent tokens
-    and copies realigned after the model changed them (realign.py);
+    with `wide` (a token tree or a chain picked among them) lookup's other ways and copies
+    realigned after the model changed them (realign.py);
     with `trie` (a token tree; in a chain its paths cost more host time than they win, docs/traces.md)
-    the recency trie's draft tree (trie.py), lookup's skips and more frequent tokens; with
+    the recency trie's draft tree (trie.py), lookup's skips and the context's frequent tokens;
+    without it, where wide (one chain), the variable-order Markov source (markov.py); with
     `views`, a suffix tree of them (escaped_suffix).
     The peers as their users run them."""
     kind = config.proposer
@@ -257,12 +259,16 @@ def request_proposer(config, extend_prob: float | None, prompt_ids: Sequence[int
         params = config.suffix
         parts = {"suffix": ssr_suffix(params, prompt_ids, history, extend_prob, ALTERNATIVES if several else 0),
                  "lookup": LookupProposer(prompt_ids, 3, params.max_span, OTHER_WAYS if wide else 0,
-                                          FREQUENT_TREE if trie else FREQUENT if wide else 0,
+                                          FREQUENT_TREE if trie else 0,
                                           SKIPS if trie else 0)}
         if trie:
             parts["trie"] = TrieProposer(prompt_ids, history)
         if views:
             parts["escaped"] = escaped_suffix(params, prompt_ids, views, extend_prob)
+        if wide and not trie:  # one chain a pass (docs/traces.md, "One chain a pass")
+            from .markov import MarkovProposer
+
+            parts["markov"] = MarkovProposer(prompt_ids, history)
         return CompetingProposers(parts, Realigner() if wide else None)
     if kind == "suffix":
         return suffix_peer(prompt_ids, history)

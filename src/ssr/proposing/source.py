@@ -17,8 +17,10 @@ SUFFIX_MATCHES = (1,) + MATCH_BUCKETS  # a suffix span's match-length bucket -> 
 # lookup.LookupProposer): as rare as the 8 commonest, given the same; a copy realigned after the
 # model changed it (realign.py: "resume" past the changed token, "rejoin" past a token left out):
 # below a 1-token match's 0.33 (each is learnt within a few dozen spans; 0.1 instead moved
-# nemo-gym's median in deployment order by 0.0002)
-UNMATCHED_PRIORS = {"frequent": (0.05, 0.02, 0.01), "skip": (0.05,), "resume": (0.3,), "rejoin": (0.3,)}
+# nemo-gym's median in deployment order by 0.0002); "markov" (markov.py: the context's commonest
+# token, then its greedy path, where the last token occurred nowhere before): 0.1
+UNMATCHED_PRIORS = {"frequent": (0.05, 0.02, 0.01), "skip": (0.05,), "resume": (0.3,), "rejoin": (0.3,),
+                    "markov": (0.1,)}
 FREQUENT_BANDS = (0, 8, 16)  # the context's commonest tokens in bands by rank, learnt apart: [band] its first rank
 NAMED_NO_MATCH_PRIOR = 0.9  # the first token's prior for other sources that name no match
 SUFFIX_KINDS = ("suffix", "escaped")  # sources whose match is a suffix tree's bucket
@@ -33,8 +35,8 @@ class Source:
     kind: str  # "suffix" (the suffix tree), "escaped" (the suffix tree of the escaped views), "lookup" (an
     #            n-gram's earliest occurrence), "recent" (a later one), "other" (another way the n-gram
     #            went), "skip" (what came two after the second-to-last token), "frequent", "resume" /
-    #            "rejoin" (a copy realigned after a change, realign.py), or a peer's or the
-    #            oracle's name
+    #            "rejoin" (a copy realigned after a change, realign.py), "markov" (the suffix trees'
+    #            greedy path, re-matched every token: markov.py), or a peer's or the oracle's name
     match: int | None = None  # tokens of context its spans follow at least (None: it names no match)
     alternative: bool = False  # another branch of the suffix tree after the same match than its best
     band: int = 0  # "frequent": the band of the context's commonest tokens it starts with (FREQUENT_BANDS)
