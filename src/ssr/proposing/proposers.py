@@ -198,7 +198,9 @@ class SuffixProposer(OneSource):
 
 
 ALTERNATIVES = 4  # the suffix tree's further branches offered as candidates where several are verified a pass
-OTHER_WAYS = 8  # n-gram lookup's further candidates where weak ones are worth offering (`wide`)
+# n-gram lookup's further candidates on a token tree (`trie`; one chain with the Markov source did as
+# well without them: cold 0.8976 -> 0.8975, deployment 0.9080 -> 0.9079, host 0.294 -> 0.256 ms a pass)
+OTHER_WAYS = 8
 # the context's most frequent tokens offered as candidates (FrequentTokens), only on a token tree
 # (`trie`; one chain has the Markov source's commonest token instead: cold 0.8980 -> 0.8976 without
 # lookup's 8 commonest, host 0.33 -> 0.29 ms a pass), where each is a few nodes: the 32 commonest, in bands learnt apart
@@ -245,10 +247,10 @@ def request_proposer(config, extend_prob: float | None, prompt_ids: Sequence[int
     """One proposer for a request's output, seeded with the prompt (drafts join at the close).
     ssr: its suffix tree (spans past the match length with `extend_prob`) and n-gram lookup
     compete; with `several` (several candidates a pass) the suffix tree's other branches too;
-    with `wide` (a token tree or a chain picked among them) lookup's other ways and copies
-    realigned after the model changed them (realign.py);
+    with `wide` (a token tree or a chain picked among them) copies realigned after the model
+    changed them (realign.py);
     with `trie` (a token tree; in a chain its paths cost more host time than they win, docs/traces.md)
-    the recency trie's draft tree (trie.py), lookup's skips and the context's frequent tokens;
+    the recency trie's draft tree (trie.py), lookup's other ways, skips and the context's frequent tokens;
     without it, where wide (one chain), the variable-order Markov source (markov.py); with
     `views`, a suffix tree of them (escaped_suffix).
     The peers as their users run them."""
@@ -258,7 +260,7 @@ def request_proposer(config, extend_prob: float | None, prompt_ids: Sequence[int
         from .trie import TrieProposer
         params = config.suffix
         parts = {"suffix": ssr_suffix(params, prompt_ids, history, extend_prob, ALTERNATIVES if several else 0),
-                 "lookup": LookupProposer(prompt_ids, 3, params.max_span, OTHER_WAYS if wide else 0,
+                 "lookup": LookupProposer(prompt_ids, 3, params.max_span, OTHER_WAYS if trie else 0,
                                           FREQUENT_TREE if trie else 0,
                                           SKIPS if trie else 0)}
         if trie:
