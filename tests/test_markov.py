@@ -112,6 +112,7 @@ def test_the_earlier_responses_are_bounded(monkeypatch):
     for start in range(0, 300, 30):
         kept.add(list(range(start, start + 30)))
     assert kept.model.tokens <= 100 and kept.responses[-1] == list(range(270, 300))
+    assert kept.responses == [list(range(270, 300))]  # past the bound, down to half of it: the newest
     assert sum(len(each) for each in kept.responses) == kept.model.tokens
     assert ResponseHistory(0).markov() is None  # a history that keeps nothing keeps no model
 

@@ -8,10 +8,11 @@ copies what followed one occurrence.
 
 Why (docs/traces.md, "One chain a pass"): it is the candidate one chain was missing. GPU preset,
 `ssr traces <the five non-agentic dev files> --limit 30 --candidates chain --modes
-ar,ssr,suffix`, ssr / suffix (geometric mean of the medians): cold 0.9067 -> 0.8980, deployment
-order 0.9250 -> 0.9079. Ties broken towards the earliest instead: 0.9054 cold; the most recent
-continuation alone, no counts: 0.9036; the suffix tree's own counts (arctic's speculate, which
-breaks ties by its map's order): 0.9050.
+ar,ssr,suffix`, ssr / suffix (geometric mean of the medians), with lookup's commonest tokens and
+other ways out of the chain: cold 0.9067 -> 0.8975, deployment order 0.9250 -> 0.9079. Ties
+broken towards the earliest instead: 0.9054 cold; the most recent continuation alone, no counts:
+0.9036; the suffix tree's own counts (arctic's speculate, which breaks ties by its map's order):
+0.9050.
 
 The counts live in one dict keyed by a rolling hash of each n-gram (a collision costs a worse
 guess, never a wrong output: every span is verified): n-gram -> (the commonest token after it,
@@ -140,13 +141,10 @@ class EarlierResponses:
             return
         self.responses.append(list(token_ids))
         self.model.add(token_ids)
-        if self.model.tokens > HISTORY_TOKENS:
-            kept, total = [], 0
-            for response in reversed(self.responses):
-                if total + len(response) > HISTORY_TOKENS // 2:
-                    break
-                kept.append(response)
-                total += len(response)
-            self.responses, self.model = kept[::-1], MarkovModel()
+        if self.model.tokens > HISTORY_TOKENS:  # as ResponseHistory.add bounds the Python trees
+            tokens = self.model.tokens
+            while tokens > HISTORY_TOKENS // 2:
+                tokens -= len(self.responses.pop(0))
+            self.model = MarkovModel()
             for response in self.responses:
                 self.model.add(response)

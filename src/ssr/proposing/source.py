@@ -35,8 +35,8 @@ class Source:
     kind: str  # "suffix" (the suffix tree), "escaped" (the suffix tree of the escaped views), "lookup" (an
     #            n-gram's earliest occurrence), "recent" (a later one), "other" (another way the n-gram
     #            went), "skip" (what came two after the second-to-last token), "frequent", "resume" /
-    #            "rejoin" (a copy realigned after a change, realign.py), "markov" (the suffix trees'
-    #            greedy path, re-matched every token: markov.py), or a peer's or the oracle's name
+    #            "rejoin" (a copy realigned after a change, realign.py), "markov" (the greedy path
+    #            of a variable-order Markov model of the text, matched again every token: markov.py), or a peer's or the oracle's name
     match: int | None = None  # tokens of context its spans follow at least (None: it names no match)
     alternative: bool = False  # another branch of the suffix tree after the same match than its best
     band: int = 0  # "frequent": the band of the context's commonest tokens it starts with (FREQUENT_BANDS)
