@@ -321,6 +321,24 @@ def test_span_guard_stops_spans_that_lose_time_and_keeps_exploring():
     assert not untimed.losing
 
 
+
+def test_the_guard_counts_host_time_and_skips_before_a_proposal():
+    """Where a pass also costs host time (`host_s`: vLLM's drafter, every request of the batch
+    drafted for on the step), passes that win a little per pass lose once it is counted; `skips`
+    says so before anything is proposed: all but one in explore_every."""
+    from ssr.pricing.span_policy import SpanPolicy
+
+    costs = CostModel(step_s=0.010, token_s=0.0)
+    for host_s, losing in ((0.0, False), (0.003, True)):
+        policy = SpanPolicy(costs)
+        policy.host_s = host_s
+        for _ in range(4 * SpanPolicy.min_passes):
+            policy.observe(4, 0 if _ % 5 else 1, seconds=0.010)  # one token in five passes: 2 ms a pass won
+        assert policy.losing is losing
+        asked = [policy.skips() for _ in range(2 * SpanPolicy.explore_every)]
+        assert sum(not skip for skip in asked) == (2 if losing else 2 * SpanPolicy.explore_every)
+        assert policy.choose_many([(Source("a"), [1, 2])], 1, guard=False)  # asked already: not again
+
 CHOICES = [  # (candidates, observations per source (proposed, accepted) x 8, expected source, expected length);
     # spans are priced by each source's measured acceptance
     ([(SUFFIX, [1, 2]), (LOOKUP, [5, 6, 7, 8])], {}, LOOKUP, 4),

@@ -127,17 +127,33 @@ def test_every_mode_and_order_replays_the_trace_token_for_token(tmp_path):
 
 
 
-AT_STEP = [  # (host on the clock, total s, host s, step s) -> seconds at a 6 ms step
-    (None, 1.5, 0.3, 0.015, 1.5 * 0.4 + 0.3),  # off: the modelled clock scaled, host added
-    ("measured", 1.5, 0.3, 0.015, 1.2 * 0.4 + 0.3),  # on the clock: taken out, scaled, added once
-    (0.002, 1.5, 0.3, 0.006, 1.5),  # a fixed figure a pass at a 6 ms step: as it stands
+AT_STEP = [  # (host on the clock, total s, host s, step s, batch) -> seconds at a 6 ms step
+    (None, 1.5, 0.3, 0.015, 1, 1.5 * 0.4 + 0.3),  # off: the modelled clock scaled, host added
+    ("measured", 1.5, 0.3, 0.015, 1, 1.2 * 0.4 + 0.3),  # on the clock: taken out, scaled, added once
+    (0.002, 1.5, 0.3, 0.006, 1, 1.5),  # a fixed figure a pass at a 6 ms step: as it stands
+    (None, 1.5, 0.3, 0.015, 4, 1.5 * 0.4 + 4 * 0.3),  # among 4 requests a step waits for every one's host time
+    ("measured", 2.4, 0.3, 0.015, 4, 1.2 * 0.4 + 4 * 0.3),  # the replay put it on the clock 4 times
 ]
 
 
-@pytest.mark.parametrize("on_clock,total_s,host_s,step_s,expected", AT_STEP)
-def test_host_time_is_added_once_at_the_step(on_clock, total_s, host_s, step_s, expected):
-    row = {"metrics": {"total_s": total_s}, "step_s": step_s, "host": {"s": host_s, "on_clock": on_clock}}
+@pytest.mark.parametrize("on_clock,total_s,host_s,step_s,batch,expected", AT_STEP)
+def test_host_time_is_added_once_at_the_step(on_clock, total_s, host_s, step_s, batch, expected):
+    row = {"metrics": {"total_s": total_s}, "step_s": step_s, "host": {"s": host_s, "on_clock": on_clock},
+           "batch": batch}
     assert seconds_at_step(row, 6.0) == pytest.approx(expected)
+
+
+def test_a_batch_puts_every_requests_host_time_on_the_clock(tmp_path):
+    """--host-time with --batch: each pass's host time goes on the modelled clock once per request
+    in the step (a fixed figure a pass makes it exact)."""
+    vocab = WordVocab()
+    tokens = [tokenize_trace(t, vocab) for t in load_traces([write_traces(tmp_path / "s.jsonl", count=1, gz=False)])]
+    costs = gpu_preset().at_batch(4)
+    rows = {batch: replay_all(tokens, ["ar"], [CostSetting("gpu", costs, batch)], ["cold"], host=0.001)[0]
+            for batch in (1, 4)}
+    passes = rows[1]["host"]["passes"]
+    assert rows[4]["host"]["passes"] == passes and rows[4]["batch"] == 4
+    assert rows[4]["metrics"]["total_s"] - rows[1]["metrics"]["total_s"] == pytest.approx(3 * 0.001 * passes)
 
 def test_deployment_order_copies_from_earlier_responses(tmp_path):
     vocab = WordVocab()

@@ -111,7 +111,7 @@ def test_spans_back_off_as_the_batch_grows():
     proposed, accepted = {}, {}
     for batch in (1, 8, 64):
         steps = replay_chains(PROMPT, output, GPU, max_span=16,
-                              batch_costs=CostModel(table=gpu_preset().at_batch(batch)))
+                              batch_costs=CostModel(table=gpu_preset().at_batch(batch)), batch=batch)
         proposed[batch] = sum(len(step.proposed) for step in steps)
         accepted[batch] = sum(step.accepted or 0 for step in steps)
     assert proposed[1] > 1.5 * proposed[8] > 1.5 * proposed[64] > 0
@@ -145,21 +145,20 @@ def test_a_request_starts_in_its_cot_when_its_prompt_opens_one(prompt, thinking)
 
 
 def test_replayed_chains_are_what_greedy_verification_accepts():
-    """Drafting replayed from a text: every chain accepted up to where it parts from the text,
-    and the steps cover the text (accepted + 1 tokens a step)."""
+    """Drafting replayed from a text: every chain accepted up to where it parts from the text (the
+    last one's bonus is the EOS after it), and the steps cover the text (accepted + 1 tokens a step)."""
     output = PROMPT[:10] + [99, 98] + PROMPT[:6]
     steps = replay_chains(PROMPT, output, GPU, max_span=8)
     position = 1
     for step in steps:
         assert step.at == len(PROMPT) + position
         expected = 0
-        while expected < len(step.proposed) and position + expected + 1 < len(output) \
-                and step.proposed[expected] == output[position + expected]:  # a bonus token must follow
+        while expected < len(step.proposed) and position + expected < len(output) \
+                and step.proposed[expected] == output[position + expected]:
             expected += 1
-        if step.accepted is not None:
-            assert step.accepted == expected
-        position += (step.accepted or 0) + 1
-    assert position >= len(output) and sum(step.accepted or 0 for step in steps) >= 10
+        assert step.accepted == expected  # the last one's too: its verdict came with the step that ended it
+        position += step.accepted + 1
+    assert position == len(output) + 1 and sum(step.accepted for step in steps) >= 10
 
 
 @pytest.mark.parametrize("on_cpu, kept, env, expected", [

@@ -237,7 +237,7 @@ def cmd_traces(args: argparse.Namespace) -> int:
         raise ConfigError(f"--batch must be >= 1, got {args.batch}")
     at = f"@batch{args.batch}" if args.batch > 1 else ""  # every mode priced among that many requests
     settings = [CostSetting((spec if spec.startswith("gpu") else Path(spec).stem) + at,
-                            load_costs(spec).at_batch(args.batch))
+                            load_costs(spec).at_batch(args.batch), args.batch)
                 for spec in (s.strip() for s in args.cost_model.split(",")) if spec]
     if not settings:
         raise ConfigError("--cost-model: give 'gpu' or calibrate JSON files")

@@ -91,15 +91,17 @@ class OracleProposer:
     """The proposer protocol with hindsight: `future` is the output the trace holds (CoT, then
     answer); each proposal is the longest prefix of what comes next that the context holds, up
     to max_span tokens; with `anchor`, only a copy that follows the context's last `anchor`
-    tokens where they occurred before."""
+    tokens where they occurred before. A CoT's copy ends with its end marker (`cot_len`: the loop
+    commits a CoT pass up to it)."""
 
     source = Source("oracle")
     shape = CHAIN
     implementation = None
 
     def __init__(self, prompt: Sequence[int], future: Sequence[int], earlier: Sequence[Sequence[int]] = (),
-                 max_span: int = 64, anchor: int = 0) -> None:
+                 max_span: int = 64, anchor: int = 0, cot_len: int = 0) -> None:
         self.future = list(future)  # the whole output, known in hindsight
+        self.cot_len = cot_len  # the future's CoT tokens, its end marker last
         self.max_span = max_span
         self.anchor = anchor  # tokens of the context's end a copy must follow (0: none)
         self.tail = list(prompt[-anchor:]) if anchor else []  # the context's last `anchor` tokens
@@ -119,7 +121,8 @@ class OracleProposer:
         """A trace replay forks no draft."""
 
     def propose(self, max_tokens: int) -> tuple[list[int], list[float] | None]:
-        ahead = self.future[self.seen: self.seen + min(max_tokens, self.max_span)]
+        end = self.seen + min(max_tokens, self.max_span)
+        ahead = self.future[self.seen: min(end, self.cot_len) if self.seen < self.cot_len else end]
         if not self.anchor:
             span = ahead[: self.index.longest(ahead)]
         elif len(self.tail) < self.anchor:  # the context is shorter than the anchor

@@ -79,7 +79,9 @@ def add_replay_commands(commands) -> None:
                              "candidate a pass: vLLM, which verifies one draft chain per request per step)")
     traces.add_argument("--batch", type=int, default=1,
                         help="price every pass among this many requests decoded together (vLLM's running batch; "
-                             "costs.CostTable.at_batch: a pass costs the tokens of the whole batch; default 1)")
+                             "costs.CostTable.at_batch: a pass costs the tokens of the whole batch; each step waits "
+                             "for every request's host time, so the ratio with host time counts it that many times; "
+                             "default 1)")
     traces.add_argument("--step-ms", type=float, default=6.0,
                         help="the step time for the ratio with host time added (default 6: an 8B model on an H200)")
     traces.add_argument("--out", default="results/traces", help="folder for rows.jsonl and report.md")

@@ -84,13 +84,14 @@ class ReplayEngine:
     prefix: KeptKV  # KeepsPrefix: what a deployment's server kept from its last request
 
     def __init__(self, model: RowModel, costs: CostTable, host: str | float | None = None,
-                 max_sequences: int = 4, kept: KeptKV | None = None) -> None:
+                 max_sequences: int = 4, kept: KeptKV | None = None, host_scale: int = 1) -> None:
         self.model = model
         self.prefix = kept if kept is not None else KeptKV()  # the KV a deployment kept from its last request
         self.max_sequences = max_sequences  # as the run's engine (the engines' default: 4)
         self.costs = costs  # seconds of each call
         self.host = host  # the loop's host time on the clock: None (off), "measured", or seconds per pass
         self.host_s = 0.0  # the loop's host time between passes, measured (or the figure per pass)
+        self.host_scale = host_scale  # requests whose host time each step waits for (on the clock this many times)
         self.passes = 0  # forward passes: steps, score passes, shared passes
         self._since: float | None = None  # wall clock when the last pass returned
         ids = model.prompt_ids + model.cot_ids + model.answer_ids + model.draft_ids + model.forced_end_ids
@@ -103,8 +104,12 @@ class ReplayEngine:
                     "repetition": "\n" * (model.repetition_stop + 1)}
         self._text = {self.never_id + 1: end_text["natural"], self.never_id + 2: end_text["answer_stop"],
                       self.never_id + 3: end_text["repetition"]}
-        self.cot = _with_last(model.cot_ids, {"natural": self.never_id + 1, "repetition": self.never_id + 3}
-                              .get(model.cot_end))
+        # a natural end marker keeps its own id where it is the CoT's only one (what the proposers see
+        # and the earlier responses hold is the text's, as on vLLM): its text ends the CoT
+        end_id = model.cot_ids[-1] if model.cot_end == "natural" and model.cot_ids \
+            and model.cot_ids.count(model.cot_ids[-1]) == 1 else self.never_id + 1
+        self._text[end_id] = end_text["natural"]
+        self.cot = _with_last(model.cot_ids, {"natural": end_id, "repetition": self.never_id + 3}.get(model.cot_end))
         self.answer = _with_last(model.answer_ids, {"answer_stop": self.never_id + 2, "repetition": self.never_id + 3}
                                  .get(model.stop))
         self.draft = [self.answer[i] if i < len(self.answer) and token == model.answer_ids[i] else token
@@ -180,12 +185,12 @@ class ReplayEngine:
             if not is_pass:
                 return
             self.host_s += self.host
-            self.seconds += self.host
+            self.seconds += self.host * self.host_scale
         elif self._since is not None:
             gap = time.perf_counter() - self._since
             self.host_s += gap
             if self.host == "measured":
-                self.seconds += gap
+                self.seconds += gap * self.host_scale
 
     def _feed(self, seq: int, token_ids: Sequence[int]) -> list[int]:
         """Append tokens to seq; the token predicted after each."""
@@ -250,6 +255,18 @@ class ReplayEngine:
         candidate spans verified in one pass), whose tokens follow the parent's path."""
         start, forced = self._prompt_len + self._forked_at[seq], self._forced
         return self._tokens[seq][start: start + len(forced)] == forced
+
+
+class ChainReplayEngine(ReplayEngine):
+    """What vLLM runs (`ssr traces --candidates chain`): one sequence a request, its spans drafted
+    as vLLM's drafter drafts them (Capabilities.drafts_per_step; the parity test:
+    tests/test_chain_parity.py)."""
+
+    capabilities = replace(ReplayEngine.capabilities, drafts_per_step=True)
+
+    def __init__(self, model: RowModel, costs: CostTable, batch: int = 1, **kwargs) -> None:
+        super().__init__(model, costs, **{"max_sequences": 1, **kwargs})
+        self.batch = batch  # requests in each step (the costs are priced among them: CostTable.at_batch)
 
 
 class TreeReplayEngine(TokenListTree, ReplayEngine):

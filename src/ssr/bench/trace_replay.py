@@ -42,7 +42,7 @@ from ..pricing.drafting import Plan, PolicyStats
 from ..proposing.history import ResponseHistory
 from .oracle import ORACLES, OracleProposer
 from .peers import REPLAY_PEERS
-from .replay import REPLAY_FORMAT, KeptKV, ReplayEngine, RowModel, TreeReplayEngine
+from .replay import REPLAY_FORMAT, ChainReplayEngine, KeptKV, ReplayEngine, RowModel, TreeReplayEngine
 from .traces import TokenTrace
 from .turns import part_runs
 
@@ -58,6 +58,10 @@ NO_DRAFT = Plan(draft=False, stages=(), draft_tokens=1, verify_chunk=16,
 class CostSetting:
     name: str  # the row's engine label ("gpu", a calibrate file's stem)
     costs: CostTable
+    # requests in each step (`--batch`): the host time of a step is every one's, as vLLM's model
+    # runner drafts for the batch's requests one after another (SuffixDecodingProposer.propose and
+    # ssr's drafter loop over them), so each pass's host time counts this many times
+    batch: int = 1
 
 
 def mode_config(mode: str) -> GenerationConfig:
@@ -91,11 +95,18 @@ def replay_trace(tokens: TokenTrace, mode: str, setting: CostSetting, order: str
                      forced_end_ids=end, answer_prefix_ids=[], draft_ids=[], draft_forked_at=None)
     config = mode_config(mode)
     proposer = OracleProposer(tokens.prompt_ids, tokens.cot_ids + tokens.answer_ids,
-                              history.responses if history is not None else (), config.suffix.max_span, ORACLES[mode]) \
+                              history.responses if history is not None else (), config.suffix.max_span, ORACLES[mode],
+                              len(tokens.cot_ids)) \
         if mode in ORACLES else REPLAY_PEERS[mode](tokens.prompt_ids, history) if mode in REPLAY_PEERS else None
     tree = candidates == "tree" or (proposer is not None and proposer.shape.tree)  # a peer's engine verifies its tree
-    engine = (TreeReplayEngine if tree else ReplayEngine)(
-        model, setting.costs, host=host, max_sequences=1 if candidates == "chain" else SEQUENCES, kept=kept)
+    if tree:
+        engine = TreeReplayEngine(model, setting.costs, host=host, max_sequences=1 if candidates == "chain" else
+                                  SEQUENCES, kept=kept, host_scale=setting.batch)
+    elif candidates == "chain":
+        engine = ChainReplayEngine(model, setting.costs, setting.batch, host=host, kept=kept, host_scale=setting.batch)
+    else:
+        engine = ReplayEngine(model, setting.costs, host=host, max_sequences=SEQUENCES, kept=kept,
+                              host_scale=setting.batch)
     started = time.perf_counter()
     generation = Generation(engine, REPLAY_FORMAT, config, tokens.prompt_ids, costs=CostModel(table=setting.costs),
                             stats=stats, plan=NO_DRAFT, history=history, proposer=proposer, views=tokens.views)
@@ -109,7 +120,7 @@ def replay_trace(tokens: TokenTrace, mode: str, setting: CostSetting, order: str
             "prompt_ids": tokens.prompt_ids, "cot_ids": engine.cot, "answer_ids": engine.answer,
             "draft_ids": [], "forced_ids": result.forced_ids, "trace": result.trace, "identical": identical,
             "host": {"s": engine.host_s, "passes": engine.passes, "wall_s": wall_s, "on_clock": host},
-            "step_s": setting.costs.step(1), "candidates": candidates,
+            "step_s": setting.costs.step(1), "candidates": candidates, "batch": setting.batch,
             **({"turn": trace.turn, "parts": part_runs(tokens.answer_parts)} if trace.turn or tokens.answer_parts
                else {})}
 
@@ -142,8 +153,9 @@ def replay_all(traces: Sequence[TokenTrace], modes: Sequence[str], settings: Seq
 def seconds_at_step(row: dict, step_ms: float) -> float:
     """A row's seconds with the cost table scaled so a step takes step_ms, and the loop's host
     time added once: where the replay put it on the modelled clock (`--host-time`) it is taken out
-    before the scaling (host time is absolute) and added back after."""
-    host_s = row["host"]["s"]
+    before the scaling (host time is absolute) and added back after. Among `batch` requests a step
+    waits for every one's host time (CostSetting.batch): the row's counts that many times."""
+    host_s = row["host"]["s"] * row.get("batch", 1)
     modelled_s = row["metrics"]["total_s"] - (host_s if row["host"].get("on_clock") is not None else 0.0)
     return modelled_s * (step_ms / 1e3) / row["step_s"] + host_s
 

@@ -74,6 +74,10 @@ class Capabilities:
     keeps_prefix: bool = False  # KeepsPrefix: the last request's KV kept for the next prefill (`prefix`)
     modelled_clock: bool = False  # ModelledClock: it models its own seconds (`clock`), the replay engines
     requests: bool = False  # driven as requests (vLLM, loop/vllm_walk.py), not by sequence steps
+    # DraftsPerStep: speculates as vLLM's drafter does (the replay of what vLLM runs): a chain is
+    # drafted after each step's sampled tokens, so none before the prefill's own token and one right
+    # after the CoT's end marker, priced on the cost table as given (the drafter times no pass)
+    drafts_per_step: bool = False
 
 
 class ReturnsIds(Protocol):
@@ -85,6 +89,10 @@ class ReturnsIds(Protocol):
 class SharesPasses(Protocol):
     def score_batch(self, feeds: Sequence[tuple[int, Sequence[int]]]) -> list[np.ndarray]:
         """Feed each (seq, tokens) in one pass -> logits [len(tokens), vocab] per feed."""
+
+
+class DraftsPerStep(Protocol):
+    batch: int  # requests in each of its steps (each one's drafting on the step's host time)
 
 
 class TreeAttention(Protocol):

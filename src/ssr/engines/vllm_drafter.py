@@ -37,6 +37,7 @@ from ..pricing.drafting import PolicyStats
 from ..proposing.proposers import request_proposer
 from ..proposing.source import NO_SOURCE, Source
 from ..pricing.span_policy import SpanPolicy, judge, left_out, span_extension
+from ..loop.speculation import Layout, host_seconds, per_step_layout
 
 log = logging.getLogger("ssr.drafter")
 
@@ -70,6 +71,7 @@ class ChainDrafter:
     stats: PolicyStats | None = None  # what earlier requests learnt (cold: None)
     steps: list[Step] | None = None  # its decisions, kept when a log is wanted
     _last: tuple[Source, list[int]] | None = field(default=None, repr=False)  # the chain vLLM is verifying
+    _policy: SpanPolicy | None = field(default=None, repr=False)  # the span policy that chose it
     _left: tuple[tuple[Source, list[int]], ...] = field(default=(), repr=False)  # the candidates it left out
     _output: list[int] = field(default_factory=list, repr=False)
 
@@ -78,37 +80,61 @@ class ChainDrafter:
         extend = span_extension(self.costs, self.max_span)
         self.proposer = request_proposer(config, extend, list(self.prompt_ids), self.history,
                                          several=True, wide=True)
+        # where verifying is not cheap at the step's batch: one span a pass, as the loop lays it out
+        # there (speculation.decide: Layout.ONE), from the same sources' state (fewer of them: less
+        # host time, which every request of a full batch waits for)
+        self.one_span = self.proposer.one_span_view()
+        self.suffix = self.proposer.proposers["suffix"]  # its spans go past the match where verifying is cheap
         learnt = self.stats.spans if self.stats is not None else {}
         self.spans = SpanPolicy(self.costs, learnt.get("answer"), one_chain=True)  # one chain a step:
         self.cot_spans = SpanPolicy(self.costs, learnt.get("cot"), one_chain=True)  # the others judged
+        self.one_span_policies = (SpanPolicy(self.costs, learnt.get("answer")), SpanPolicy(self.costs, learnt.get("cot")))
         self._end = list(self.end_ids)
 
-    def step(self, sampled: Sequence[int], room: int, costs: CostModel | None = None) -> list[int]:
+    def step(self, sampled: Sequence[int], room: int, costs: CostModel | None = None, batch: int = 1) -> list[int]:
         """sampled: tokens vLLM committed for this request since the last step (the accepted
         part of the last chain and the target's own token); room: most draft tokens the request
-        may take. Returns the chain to verify next ([] for a plain step)."""
-        policy = self.cot_spans if self.thinking else self.spans
-        if self._last is not None:  # 4. observe the verdict on the last chain
-            source, span = self._last
-            accepted = min(len(span), max(0, len(sampled) - 1))
-            policy.observe_pass([(source, len(span), accepted)], policy.costs.cost(len(span) + 1))
-            policy.observe_judged(judge(self._left, list(sampled[:accepted + 1])))  # the others, on what it committed
-            if self.steps:
-                self.steps[-1].accepted = accepted
-        self._last = None
+        may take; costs: the engine's at the step's batch of `batch` requests. Returns the chain
+        to verify next ([] for a plain step)."""
+        self._learn(sampled, max(0, len(sampled) - 1))  # 4. observe the verdict on the last chain
         self._take(sampled)
-        policy = self.cot_spans if self.thinking else self.spans
+        costs = costs or self.costs
+        self.suffix.extend_prob = span_extension(costs, self.max_span)  # past the match where verifying is cheap
+        layout = per_step_layout(costs, batch)  # one chain among every source's where it pays for its host time
+        answer, cot = (self.spans, self.cot_spans) if layout is Layout.CHAIN else self.one_span_policies
+        policy = cot if self.thinking else answer
+        policy.costs, policy.host_s = costs, host_seconds(layout, batch)  # priced at the step's batch
         room = min(room, self.max_span)
-        found = self.proposer.candidates(room) if room > 0 else []  # 1. propose
-        if costs is not None:
-            policy.costs = costs  # 2. price at the step's batch
-        chosen = policy.choose_many(found, 1) if found else []
+        skipped = room <= 0 or policy.skips()  # spans losing (host time too): no proposal, no host time spent
+        found = [] if skipped else (self.proposer if layout is Layout.CHAIN else self.one_span).candidates(room)  # 1.
+        chosen = policy.choose_many(found, 1, guard=False) if found else []  # 2. price
         source, span = chosen[0] if chosen else (NO_SOURCE, [])
         if self.steps is not None:
             self.steps.append(Step(self.length, source, list(span)))
         if span:
-            self._last, self._left = (source, list(span)), left_out(found, chosen)
+            self._last, self._policy = (source, list(span)), policy
+            self._left = left_out(found, chosen) if policy.one_chain else ()
         return list(span)
+
+    def end(self, accepted: Sequence[int]) -> None:
+        """The request's last step: of the last chain vLLM accepted these tokens, then sampled the
+        token that ended the request (EOS, no candidate's: -1 here). The verdict is learnt, the
+        text's tokens taken; no chain follows. (On vLLM that step's sampled tokens come to `step`,
+        EOS among them, and the chain it returns is never verified.)"""
+        self._learn(list(accepted) + [-1], len(accepted))
+        self._take(accepted)
+
+    def _learn(self, committed: Sequence[int], accepted: int) -> None:
+        """The last chain's verdict (`accepted` of its tokens, `committed` the step's tokens), learnt
+        by the policy that chose it; the candidates it left out are judged on the same tokens."""
+        if self._last is not None:
+            (source, span), policy = self._last, self._policy
+            accepted = min(len(span), accepted)
+            policy.observe_pass([(source, len(span), accepted)], policy.costs.cost(len(span) + 1))
+            policy.observe_judged(judge(self._left, list(committed[:accepted + 1])))  # the others, on what it committed
+            if self.steps:
+                self.steps[-1].accepted = accepted
+        self._last = None
 
     @property
     def length(self) -> int:
@@ -117,8 +143,10 @@ class ChainDrafter:
 
     def finish(self) -> list[int]:
         """The request left the batch: its output (for the shared history), stats learnt."""
-        if self.stats is not None:
-            self.stats.spans.update(answer=dict(self.spans.stats), cot=dict(self.cot_spans.stats))
+        if self.stats is not None:  # of each part's two policies, the one that ran more passes
+            answer, cot = (max(pair, key=lambda policy: policy.timed_passes) for pair in
+                           zip((self.spans, self.cot_spans), self.one_span_policies))
+            self.stats.spans.update(answer=dict(answer.stats), cot=dict(cot.stats))
         return self._output
 
     def _take(self, sampled: Sequence[int]) -> None:
@@ -131,21 +159,32 @@ class ChainDrafter:
 
 def replay_chains(prompt_ids: Sequence[int], output_ids: Sequence[int], costs: CostModel,
                   end_ids: Sequence[int] = (), thinking: bool = False, max_span: int = DEFAULT_TOKENS,
-                  batch_costs: CostModel | None = None) -> list[Step]:
+                  batch_costs: CostModel | None = None, history: ResponseHistory | None = None,
+                  stats: PolicyStats | None = None, batch: int = 1) -> list[Step]:
     """A request's drafting replayed from its own text, as greedy vLLM verifies it: each chain is
     accepted up to where it parts from the output, the output's next token is the bonus. The
-    steps a generation on vLLM logged (SSR_DRAFTER_LOG) must be these (the parity test)."""
+    steps a generation on vLLM logged (SSR_DRAFTER_LOG) must be these (the parity test); and
+    `ssr traces --candidates chain`'s passes (tests/test_chain_parity.py). A deployment's
+    `history` and learnt `stats`, where given, take the request's output and statistics after it
+    (SsrDrafter's requests share them so); `batch`: the requests of each step (`batch_costs` priced
+    among them)."""
     steps: list[Step] = []
-    drafter = ChainDrafter(list(prompt_ids), None, costs, end_ids, thinking, max_span, steps=steps)
+    drafter = ChainDrafter(list(prompt_ids), history, costs, end_ids, thinking, max_span, stats, steps=steps)
     position, sampled = 1, list(output_ids[:1])  # the prefill's token comes first
-    while sampled and position <= len(output_ids):
-        chain = drafter.step(sampled, max_span, batch_costs)  # vLLM's room: the text's end is not known ahead
+    while sampled:
+        chain = drafter.step(sampled, max_span, batch_costs, batch)  # vLLM's room: the text's end is not known ahead
         accepted = 0
         while accepted < len(chain) and position + accepted < len(output_ids) \
                 and chain[accepted] == output_ids[position + accepted]:
             accepted += 1
+        if position + accepted == len(output_ids):  # the bonus ends the text (EOS): the request's last step
+            drafter.end(output_ids[position:])
+            break
         sampled = list(output_ids[position:position + accepted + 1])
         position += len(sampled)
+    output = drafter.finish()
+    if history is not None and output:
+        history.add(output)
     return steps
 
 
@@ -207,11 +246,12 @@ class SsrDrafter:
         if batch is None:  # no request names (the plugin's runner hook did not run): no drafts
             self._fail("vLLM's model runner gave the drafter no input batch; decoding plainly")
             return [[] for _ in sampled_token_ids]
-        costs = self._at(sum(1 for sampled in sampled_token_ids if sampled))
+        size = sum(1 for sampled in sampled_token_ids if sampled)  # requests decoding this step
+        costs = self._at(size)
         drafts = []
         for row, sampled in enumerate(sampled_token_ids):
             try:
-                drafts.append(self._propose_row(row, sampled, int(num_tokens_no_spec[row]), token_ids_cpu, costs))
+                drafts.append(self._propose_row(row, sampled, int(num_tokens_no_spec[row]), token_ids_cpu, costs, size))
             except Exception as error:  # noqa: BLE001 - a drafter error must never fail a request
                 self._fail(f"drafting for a request failed ({type(error).__name__}: {error}); it decodes plainly")
                 drafts.append([])
@@ -219,7 +259,8 @@ class SsrDrafter:
             self._finish(request_id)
         return drafts
 
-    def _propose_row(self, row: int, sampled: list[int], num_tokens: int, token_ids_cpu, costs) -> list[int]:
+    def _propose_row(self, row: int, sampled: list[int], num_tokens: int, token_ids_cpu, costs,
+                     size: int) -> list[int]:
         if not sampled:  # a partial prefill: nothing to draft yet
             return []
         batch = self.input_batch
@@ -236,7 +277,7 @@ class SsrDrafter:
                 self.log.setdefault(request_id, []) if self.keep_log else None)
             sampled = [int(t) for t in token_ids_cpu[row, len(prompt):num_tokens]]  # output so far (a resumed request)
         room = min(self.num_speculative_tokens, self.max_model_len - num_tokens - 1)
-        chain = drafter.step(sampled, room, costs)
+        chain = drafter.step(sampled, room, costs, size)
         self.steps += 1
         self.proposed += len(chain)
         return chain

@@ -90,8 +90,11 @@ class CandidatePass:
         keep, where several are verified a pass, further candidates worth verifying in it; the
         peers verify what their one proposer proposes, as their users run them (a peer with a
         token tree of its own, Shape.tree: all of it)."""
-        found = proposer.candidates(room) if proposer is not None and room > 0 else []
         self._unverified = ()
+        per_step = self.speculation.per_step  # drafted as vLLM's drafter: the guard skips before proposing,
+        if per_step and self.chooses and proposer is not None and room > 0 and policy.skips():  # so no host time
+            return []
+        found = proposer.candidates(room) if proposer is not None and room > 0 else []
         if not found:
             return []
         if not self.chooses:
@@ -100,7 +103,7 @@ class CandidatePass:
         if self.speculation.layout is Layout.TREE and self._as_tree(self.children.alive):  # one tree on the parent
             chosen = policy.choose_many(found, most, tree=True)
         else:
-            chosen = policy.choose_many(found, min(most, 1 + max(0, self.seqs.free())))
+            chosen = policy.choose_many(found, min(most, 1 + max(0, self.seqs.free())), guard=not per_step)
         if policy.one_chain:  # the candidates it left out, to be judged against what the pass commits
             self._unverified = left_out(found, chosen)
         return chosen

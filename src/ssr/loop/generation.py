@@ -38,7 +38,7 @@ from ..formats.thinking import ThinkingFormat
 from .candidates import CandidatePass, Outcome
 from .children import Draft, DraftChildren, stage_metrics
 from .sequences import Sequences
-from .speculation import Layout, decide
+from .speculation import Layout, decide, host_seconds
 from .transcript import Chunk
 from .verifier import Verifier
 from .walk import Walk
@@ -55,12 +55,14 @@ class Generation(Walk):
         super().__init__(engine, fmt, config, prompt_ids, stats)
         self.history = history  # earlier responses: suffix trees copy from them; this one joins at the end
         self.views = views  # tools offered: the messages' escaped views, for ssr's proposer to copy from
+        self._carried: list[int] = []  # answer tokens the CoT's last pass verified past the end marker (per_step)
         self._proposer = proposer  # spans from this proposer instead of the mode's (`ssr simulate --spans recorded`)
         # engine costs: the model's (measured, rescaled at start-up), learnt further from this
         # request's own calls only, so one request's load (another mode, a busy machine) does not
         # price the next one's spans
         self.costs = replace(costs) if costs is not None else CostModel()
         self.speculation = spec = decide(engine, config, self.costs)
+        self.costs.learns = not spec.per_step  # vLLM's drafter prices with its table as given
         # drafting: whether, when, how (`plan` given: a replay of a run's own plan)
         self.plan = plan or plan_request(config, self.costs, stats or PolicyStats(),
                                          spans_beside_child=spec.beside_child)
@@ -68,6 +70,8 @@ class Generation(Walk):
         one_chain = spec.layout is Layout.CHAIN  # one candidate verified a pass: the others judged, shared tokens pooled
         self.spans = SpanPolicy(self.costs, learnt.get("answer"), one_chain)  # answer span lengths worth a verify pass
         self.cot_spans = SpanPolicy(self.costs, learnt.get("cot"), one_chain)  # the same for CoT spans (accepted less)
+        if spec.per_step:  # a drafted pass adds every request's host time to the step (vLLM's drafter)
+            self.spans.host_s = self.cot_spans.host_s = host_seconds(spec.layout, engine.batch)
         self.metrics.policy, self.metrics.spans_beside_child = self.plan.as_dict(), spec.beside_child
         ids = config.sampling.greedy and engine.capabilities.returns_ids  # argmax where the logits live
         self.seqs = Sequences(engine, self.costs, self.metrics, banned_ids, ids)
@@ -149,7 +153,8 @@ class Generation(Walk):
                 stages.pop(0)
                 children.fork(pending, len(text.cot_ids))
             child = children.alive
-            if proposer is not None and config.cot_spans and (child is None or metrics.spans_beside_child):
+            if proposer is not None and config.cot_spans and (child is None or metrics.spans_beside_child) \
+                    and (text.cot_ids or not self.speculation.per_step):  # vLLM: the prefill's token comes first
                 room = min([config.thinking_budget] + stages[:1]) - len(text.cot_ids) - 1  # tokens after the bonus
                 candidates = self.candidates.propose(proposer, room, self.cot_spans)  # 1. propose
                 if candidates:
@@ -195,7 +200,10 @@ class Generation(Walk):
                 yield chunk
             if end:
                 break
-        self.seqs.truncate(self.seqs.parent, outcome.base + fed)  # 4. commit: pending + the tokens before the new pending
+        # vLLM's chain runs on past the end marker: the tokens it verified there are the answer's first
+        self._carried = committed[fed:] if end == "natural" and self.speculation.per_step else []
+        kept = fed + len(self._carried)
+        self.seqs.truncate(self.seqs.parent, outcome.base + kept)  # 4. commit: pending + the tokens before the new pending
         proposer.observe(committed[: fed - 1 if end == "eos" else fed])  # 5. observe (EOS is not part of the CoT)
         child_s = self.costs.step(2) - self.costs.step(1) if child is not None else 0.0  # a plain step carries it too
         self._observe(outcome, self.cot_spans, "cot_span", at, self.seqs.now() - outcome.start_s - child_s)
@@ -214,6 +222,17 @@ class Generation(Walk):
         fed = ([] if pending is None else [pending]) + forced
         draft_ids = draft.token_ids[: self.config.max_tokens] \
             if draft is not None and self.config.verifies_draft_prefix else []
+        if not forced and not draft_ids and pending is not None and self.text.cot_ids and self.speculation.per_step:
+            # vLLM's drafter drafts after the end marker as after any token: the answer starts with
+            # what the CoT's last chain verified past it, else with a pass of its own (the parity
+            # test: tests/test_chain_parity.py)
+            if shown:
+                yield shown
+            if self._carried:
+                yield from self.commit(self._carried, proposer)
+            else:
+                yield from self._answer_pass(pending, proposer)
+            return
         num_accepted, verdict, _ = self.verifier.chunked(self.seqs, self.seqs.parent, fed, draft_ids,
                                                          draft.probs if draft else [], self.plan.verify_chunk)
         if draft_ids:
@@ -231,22 +250,29 @@ class Generation(Walk):
         """Stage 3: the answer, a pass at a time."""
         answer = self.text.answer_ids
         while not self.metrics.stop:
-            pending = answer[-1]
-            candidates = self.candidates.propose(proposer, self.config.max_tokens - len(answer), self.spans)  # 1.
-            if not candidates:
-                scores = self.seqs.step([(self.seqs.parent, pending)])  # [1, vocab]
-                yield from self.commit([self.verifier.verdict([], scores).next_token], proposer)
-                continue
-            outcome = self.candidates.verify(pending, candidates)  # 2. score 3. verify
-            self.seqs.truncate(self.seqs.parent, outcome.base + 1 + outcome.verdict.num_accepted)  # 4. commit
-            self.metrics.verify_passes += 1
-            self.metrics.answer_proposed_tokens += len(outcome.span)
-            self.metrics.answer_accepted_tokens += outcome.verdict.num_accepted
-            self._observe(outcome, self.spans, "span", len(answer), self.seqs.now() - outcome.start_s)  # 5. observe
-            yield from self.commit(outcome.committed, proposer)
+            yield from self._answer_pass(answer[-1], proposer)
+
+    def _answer_pass(self, pending: int, proposer: Proposer | None) -> Iterator[Chunk]:
+        """One pass of the answer after `pending`: a span verified, or a plain step."""
+        answer = self.text.answer_ids
+        candidates = self.candidates.propose(proposer, self.config.max_tokens - len(answer), self.spans)  # 1.
+        if not candidates:
+            scores = self.seqs.step([(self.seqs.parent, pending)])  # [1, vocab]
+            yield from self.commit([self.verifier.verdict([], scores).next_token], proposer)
+            return
+        outcome = self.candidates.verify(pending, candidates)  # 2. score 3. verify
+        self.seqs.truncate(self.seqs.parent, outcome.base + 1 + outcome.verdict.num_accepted)  # 4. commit
+        self.metrics.verify_passes += 1
+        self.metrics.answer_proposed_tokens += len(outcome.span)
+        self.metrics.answer_accepted_tokens += outcome.verdict.num_accepted
+        self._observe(outcome, self.spans, "span", len(answer), self.seqs.now() - outcome.start_s)  # 5. observe
+        yield from self.commit(outcome.committed, proposer)
 
     def _observe(self, outcome: Outcome, policy: SpanPolicy, kind: str, at: int, seconds: float) -> None:
-        """What the pass taught the span policy, and its trace event."""
+        """What the pass taught the span policy, and its trace event. Drafted as vLLM's drafter
+        drafts (per_step), a pass costs what the cost table says: the drafter times no pass."""
+        if self.speculation.per_step:
+            seconds = self.costs.cost(len(outcome.span) + 1)
         policy.observe_pass(outcome.verified(), seconds)
         policy.observe_judged(outcome.judged())  # (none unless one chain a pass: CandidatePass.propose)
         self.trace.append(outcome.event(kind, at))

@@ -10,6 +10,10 @@ from ..pricing.costs import CostModel
 from ..engines.base import shares_passes, tree_passes
 from ..pricing.span_policy import MAX_BRANCHES, MAX_TREE_CANDIDATES, span_extension
 
+# HostCosts' figures: host ms a pass 0.260 and 0.094; ssr / suffix, geometric mean of the 10 medians,
+# 0.8981 as one chain and 0.9526 as one span a pass (0.9526 / 0.8981 = 1.061)
+CHAIN_HOST_S, ONE_HOST_S, CHAIN_GAIN = 0.26e-3, 0.094e-3, 1.06
+
 
 class Layout(Enum):
     """How the candidate spans of one verify pass are laid out on the engine."""
@@ -26,6 +30,7 @@ class Speculation:
     extend: float | None  # spans go past the match (verifying is cheap): the suffix tree's extension probability
     layout: Layout  # how a pass's candidates are laid out
     candidates: int  # candidate spans verified in one pass at most
+    per_step: bool = False  # drafted as vLLM's drafter drafts (Capabilities.drafts_per_step)
 
     @property
     def several(self) -> bool:
@@ -45,16 +50,51 @@ class Speculation:
         return self.layout is Layout.TREE
 
 
+@dataclass(frozen=True)
+class HostCosts:
+    """Host seconds one request's drafting adds to a step where requests are drafted for one after
+    another, as vLLM's model runner drafts for its batch (SuffixDecodingProposer.propose and ssr's
+    drafter loop over the requests), so that every request of the step waits for all of them; and
+    what one chain among every source's candidates wins over one span a pass from fewer sources.
+    Measured on this 2-core machine, GPU preset (docs/vllm-drafter.md, "Host time under load"):
+    `ssr traces <the five non-agentic dev files> --limit 30 --candidates chain --modes ar,ssr,suffix
+    --orders cold`, ssr's host milliseconds a pass in each layout (one span a pass forced for it)
+    and its time against suffix's."""
+
+    chain: float = CHAIN_HOST_S  # one chain picked among every source's candidates (Layout.CHAIN)
+    one: float = ONE_HOST_S  # one span a pass from the suffix tree and n-gram lookup (Layout.ONE)
+    chain_gain: float = CHAIN_GAIN  # tokens a step one chain commits over one span a pass's
+
+
+def per_step_layout(costs: CostModel, batch: int, host: HostCosts = HostCosts()) -> Layout:
+    """How a request drafted for per step (vLLM's drafter) lays out its candidates at a step of
+    `batch` requests: one chain among every source's where its tokens a second, its host time
+    across the batch on the step (costs.cost(1): a step at this batch), beat one span a pass's."""
+    step = costs.cost(1)
+    chain = host.chain_gain / (step + batch * host.chain) > 1.0 / (step + batch * host.one)
+    return Layout.CHAIN if chain else Layout.ONE
+
+
+def host_seconds(layout: Layout, batch: int, host: HostCosts = HostCosts()) -> float:
+    """What a pass drafted in `layout` adds to a step of `batch` requests drafted for the same way."""
+    return batch * (host.chain if layout is Layout.CHAIN else host.one)
+
+
 def decide(engine, config: GenerationConfig, costs: CostModel) -> Speculation:
     """Several candidates a pass only where one pass holds several sequences and verifying costs
     about a step (GPUs): as one token tree where the engine has tree attention, as forks where it
-    feeds several sequences, as one chain picked among them where it holds one sequence a request."""
+    feeds several sequences, as one chain picked among them where it holds one sequence a request.
+    Drafted for per step (vLLM's drafter, Capabilities.drafts_per_step) one chain or one span a
+    pass, as its host time at the engine's batch prices them (per_step_layout)."""
     beside = shares_passes(engine) and config.proposer is not None
     extend = span_extension(costs, config.suffix.max_span)  # not None: verification is cheap
+    per_step = engine.capabilities.drafts_per_step
+    if per_step and beside and config.chooses_spans:
+        return Speculation(beside, extend, per_step_layout(costs, engine.batch), 1, per_step)
     if not (beside and extend is not None and config.chooses_spans):
-        return Speculation(beside, extend, Layout.ONE, 1)
+        return Speculation(beside, extend, Layout.ONE, 1, per_step)
     if tree_passes(engine):
-        return Speculation(beside, extend, Layout.TREE, MAX_TREE_CANDIDATES)
+        return Speculation(beside, extend, Layout.TREE, MAX_TREE_CANDIDATES, per_step)
     if engine.max_sequences < 2:
-        return Speculation(beside, extend, Layout.CHAIN, 1)
-    return Speculation(beside, extend, Layout.FORKS, MAX_BRANCHES)
+        return Speculation(beside, extend, Layout.CHAIN, 1, per_step)
+    return Speculation(beside, extend, Layout.FORKS, MAX_BRANCHES, per_step)

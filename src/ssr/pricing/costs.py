@@ -304,14 +304,19 @@ class CostModel:
     table: CostTable | None = None  # measured step / score costs per size
     drift: float = 1.0  # observed / table for steps, smoothed
     score_drift: float = 1.0  # observed / table for score passes, smoothed
+    learns: bool = True  # False: the costs as given, no call observed (vLLM's drafter times no pass)
 
     def observe_step(self, seconds: float) -> None:
+        if not self.learns:
+            return
         if self.table is not None:
             self.drift = self._smoothed(self.drift, seconds / max(self.table.step(1), 1e-9))
         else:
             self.step_s += self.smoothing * (seconds - self.step_s)
 
     def observe_score(self, num_tokens: int, seconds: float) -> None:
+        if not self.learns:
+            return
         if self.table is not None:
             self.score_drift = self._smoothed(self.score_drift, seconds / max(self.table.score(num_tokens), 1e-9))
         elif num_tokens >= 2:

@@ -177,6 +177,9 @@ class SpanPolicy:
             {source: replace(stats.carried(self.carry), decay=decay) for source, stats in (learnt or {}).items()},
             decay)
         self.gain_s = 0.0  # realised seconds saved by span passes against plain steps
+        # host seconds a drafted pass adds to its step, where requests are drafted for one after
+        # another (vLLM's drafter: speculation.host_seconds), counted against the gain too
+        self.host_s = 0.0
         self.timed_passes = 0  # passes whose seconds were reported
         self.skipped = 0  # proposals dropped by the guard since the last one verified
 
@@ -186,7 +189,7 @@ class SpanPolicy:
         return chosen[0] if chosen else (NO_SOURCE, [])
 
     def choose_many(self, candidates: Sequence[tuple[Source, list[int]]], max_count: int,
-                    tree: bool = False) -> list[tuple[Source, list[int]]]:
+                    tree: bool = False, guard: bool = True) -> list[tuple[Source, list[int]]]:
         """The candidate worth most (cut to its best length), then up to max_count - 1 others
         worth verifying beside it in the same pass: one is added when the tokens it is expected
         to add where the chosen ones fail (the chance that the chosen ones fail by where they
@@ -195,7 +198,8 @@ class SpanPolicy:
         what it adds to the pass — each on its own sequence, its pending token and span; with
         `tree` (one token tree, tree.build_tree), the nodes it does not share with the chosen
         ones, cut where a node no longer pays for itself (_paying: on the development traces,
-        GPU preset, 0.4-2.2% less time than adding whole spans). [] for a plain step."""
+        GPU preset, 0.4-2.2% less time than adding whole spans). [] for a plain step. `guard`:
+        the guard may skip it here (not where the caller asked `skips` before proposing)."""
         ranked = []  # (tokens per second, source, cut span) of every span worth a pass alone
         priced = self.costs.costs(max(len(span) for _, span in candidates) + 1) if candidates else []
         longest: dict[Source, int] = {}  # source -> its longest span here (sources repeat)
@@ -212,10 +216,8 @@ class SpanPolicy:
             if length:
                 ranked.append((rate, source, span[:length]))
         ranked.sort(key=lambda each: -each[0])  # stable: the first of equals stays first
-        if ranked and self.losing:
-            self.skipped += 1
-            if self.skipped % self.explore_every:
-                return []
+        if ranked and guard and self.skips():
+            return []
         chosen = [(source, span) for _, source, span in ranked[:1]]
         return self._add_beside(chosen, ranked[1:], max_count, tree, priced) if chosen else []
 
@@ -316,6 +318,14 @@ class SpanPolicy:
         """One source's span cut to its best length ([] for a plain step)."""
         return self.choose([(source, span)])[1]
 
+    def skips(self) -> bool:
+        """The guard's word on a proposal: while spans are losing, all but one in `explore_every`
+        are skipped."""
+        if not self.losing:
+            return False
+        self.skipped += 1
+        return bool(self.skipped % self.explore_every)
+
     @property
     def losing(self) -> bool:
         return self.timed_passes >= self.min_passes and self.gain_s < -self.tolerance * self.costs.cost(1)
@@ -345,4 +355,4 @@ class SpanPolicy:
             self.stats[source].observe(num_proposed, num_accepted)
         if seconds is not None:
             self.timed_passes += 1
-            self.gain_s += (max(accepted for _, _, accepted in verified) + 1) * self.costs.cost(1) - seconds
+            self.gain_s += (max(accepted for _, _, accepted in verified) + 1) * self.costs.cost(1) - seconds - self.host_s

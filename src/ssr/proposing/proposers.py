@@ -100,6 +100,15 @@ class CompetingProposers:
             self.realigner.follow(found)
         return found
 
+    def one_span_view(self) -> CompetingProposers:
+        """The candidates request_proposer's one-span-a-pass proposer (without `several` and
+        `wide`: Layout.ONE) offers, read from this one's state: its suffix sources' best spans and
+        n-gram lookup's. vLLM's drafter offers them where one chain among every source's does not
+        pay for its host time at the step's batch (speculation.per_step_layout), as the replay
+        does; only this proposer is observed."""
+        return CompetingProposers({name: self.proposers[name].best_only() if name != "lookup" else
+                                   self.proposers[name] for name in ONE_SPAN_PARTS if name in self.proposers})
+
 
 class ArcticSuffixProposer(OneSource):
     """The `suffix` peer on arctic-inference's C++ suffix tree, the library vLLM's `suffix`
@@ -184,6 +193,12 @@ class SuffixProposer(OneSource):
         bucket = match_bucket(match_len)
         return [(Source.suffix(bucket, kind=self.kind), span)] if span else []
 
+    def best_only(self):
+        """Its best span alone, read from this proposer's state (it has no other branch)."""
+        from .suffix_native import BestSpan
+
+        return BestSpan(self)
+
     def _best(self, max_tokens: int) -> tuple[list[int], list[float], int]:
         """(span, probabilities, match length) of the request tree, or of the earlier responses'
         tree when it expects more tokens."""
@@ -197,6 +212,7 @@ class SuffixProposer(OneSource):
         return best
 
 
+ONE_SPAN_PARTS = ("suffix", "lookup", "escaped")  # request_proposer's parts without `wide` (and `trie`), in its order
 ALTERNATIVES = 4  # the suffix tree's further branches offered as candidates where several are verified a pass
 # n-gram lookup's further candidates on a token tree (`trie`; one chain with the Markov source did as
 # well without them: cold 0.8976 -> 0.8975, deployment 0.9080 -> 0.9079, host 0.294 -> 0.256 ms a pass)

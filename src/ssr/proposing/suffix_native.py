@@ -93,6 +93,10 @@ class NativeSuffixProposer:
                 node = parents[node]
             yield path[::-1][:limit]
 
+    def best_only(self) -> "BestSpan":
+        """Its best span alone (no other branch), read from this proposer's state."""
+        return BestSpan(self)
+
     def _best(self, max_tokens: int) -> tuple[list[int], list[float], int]:
         """(span, probabilities, match length): the request tree's or, when it scores higher, the
         earlier responses' tree's."""
@@ -113,3 +117,19 @@ class NativeSuffixProposer:
         if best is None:
             return [], [], 0
         return list(best.token_ids), list(best.probs), best.match_len
+
+
+class BestSpan:
+    """A suffix source's candidates as one span a pass takes them (request_proposer without
+    `several`: its best span, no other branch), read from the state of the source it views
+    (`suffix`: NativeSuffixProposer or SuffixProposer, its extend_prob as set), which alone is observed."""
+
+    shape = CHAIN
+    implementation = None
+
+    def __init__(self, suffix) -> None:
+        self.suffix = suffix  # the viewed source: its trees, context and params
+
+    def candidates(self, max_tokens: int) -> list[tuple[Source, list[int]]]:
+        span, _, match_len = self.suffix._best(max_tokens)
+        return [(Source.suffix(match_bucket(match_len), kind=self.suffix.kind), span)] if span else []
