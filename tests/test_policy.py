@@ -339,6 +339,24 @@ def test_the_guard_counts_host_time_and_skips_before_a_proposal():
         assert sum(not skip for skip in asked) == (2 if losing else 2 * SpanPolicy.explore_every)
         assert policy.choose_many([(Source("a"), [1, 2])], 1, guard=False)  # asked already: not again
 
+
+def test_pass_prices_are_kept_only_while_the_cost_model_prices_as_it_did():
+    """SpanPolicy keeps a pass's prices between choices; a drift learnt, another table or another
+    cost model prices anew."""
+    from dataclasses import replace as copy
+
+    from ssr.pricing.costs import gpu_preset
+    from ssr.pricing.span_policy import SpanPolicy
+
+    costs = CostModel(table=gpu_preset())
+    policy = SpanPolicy(costs)
+    first = policy._prices(8)
+    assert policy._prices(8)[0] is first[0]  # kept, not priced again
+    costs.observe_step(2 * costs.table.step(1))  # a slower step learnt: drift
+    assert policy._prices(8)[0] == costs.costs(8) != first[0]
+    policy.costs = copy(costs, table=gpu_preset(0.03))
+    assert policy._prices(8)[0] == policy.costs.costs(8)
+
 CHOICES = [  # (candidates, observations per source (proposed, accepted) x 8, expected source, expected length);
     # spans are priced by each source's measured acceptance
     ([(SUFFIX, [1, 2]), (LOOKUP, [5, 6, 7, 8])], {}, LOOKUP, 4),

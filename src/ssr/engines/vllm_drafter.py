@@ -72,6 +72,7 @@ class ChainDrafter:
     steps: list[Step] | None = None  # its decisions, kept when a log is wanted
     _last: tuple[Source, list[int]] | None = field(default=None, repr=False)  # the chain vLLM is verifying
     _policy: SpanPolicy | None = field(default=None, repr=False)  # the span policy that chose it
+    _priced_at: tuple = field(default=(None, 0), repr=False)  # (costs, batch, extend_prob, layout) of the last step
     _left: tuple[tuple[Source, list[int]], ...] = field(default=(), repr=False)  # the candidates it left out
     _output: list[int] = field(default_factory=list, repr=False)
 
@@ -99,8 +100,10 @@ class ChainDrafter:
         self._learn(sampled, max(0, len(sampled) - 1))  # 4. observe the verdict on the last chain
         self._take(sampled)
         costs = costs or self.costs
-        self.suffix.extend_prob = span_extension(costs, self.max_span)  # past the match where verifying is cheap
-        layout = per_step_layout(costs, batch)  # one chain among every source's where it pays for its host time
+        if self._priced_at[0] is not costs or self._priced_at[1] != batch:  # else decided at the last step
+            # past the match where verifying is cheap; one chain among every source's where it pays for its host time
+            self._priced_at = (costs, batch, span_extension(costs, self.max_span), per_step_layout(costs, batch))
+        self.suffix.extend_prob, layout = self._priced_at[2:]
         answer, cot = (self.spans, self.cot_spans) if layout is Layout.CHAIN else self.one_span_policies
         policy = cot if self.thinking else answer
         policy.costs, policy.host_s = costs, host_seconds(layout, batch)  # priced at the step's batch

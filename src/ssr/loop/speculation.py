@@ -10,9 +10,11 @@ from ..pricing.costs import CostModel
 from ..engines.base import shares_passes, tree_passes
 from ..pricing.span_policy import MAX_BRANCHES, MAX_TREE_CANDIDATES, span_extension
 
-# HostCosts' figures: host ms a pass 0.260 and 0.094; ssr / suffix, geometric mean of the 10 medians,
-# 0.8981 as one chain and 0.9526 as one span a pass (0.9526 / 0.8981 = 1.061)
-CHAIN_HOST_S, ONE_HOST_S, CHAIN_GAIN = 0.26e-3, 0.094e-3, 1.06
+# HostCosts' figures: the drafter's milliseconds a request-step, 0.176 as one chain and 0.046 as one
+# span a pass (scripts/drafter_host.py <the five non-agentic dev files> --limit 5: medians over 50
+# traces); ssr / suffix, geometric mean of the 10 medians, 0.8981 as one chain and 0.9526 as one
+# span a pass (`ssr traces`, GPU preset, that layout forced): 0.9526 / 0.8981 = 1.061
+CHAIN_HOST_S, ONE_HOST_S, CHAIN_GAIN = 0.176e-3, 0.046e-3, 1.06
 
 
 class Layout(Enum):
@@ -56,10 +58,10 @@ class HostCosts:
     another, as vLLM's model runner drafts for its batch (SuffixDecodingProposer.propose and ssr's
     drafter loop over the requests), so that every request of the step waits for all of them; and
     what one chain among every source's candidates wins over one span a pass from fewer sources.
-    Measured on this 2-core machine, GPU preset (docs/vllm-drafter.md, "Host time under load"):
-    `ssr traces <the five non-agentic dev files> --limit 30 --candidates chain --modes ar,ssr,suffix
-    --orders cold`, ssr's host milliseconds a pass in each layout (one span a pass forced for it)
-    and its time against suffix's."""
+    Measured on this 2-core machine (docs/vllm-drafter.md, "Host time under load"): the drafter's
+    own time a request-step in each layout (scripts/drafter_host.py), and `ssr traces <the five
+    non-agentic dev files> --limit 30 --candidates chain --modes ar,ssr,suffix --orders cold`, GPU
+    preset, ssr's time against suffix's in each layout (one span a pass forced for it)."""
 
     chain: float = CHAIN_HOST_S  # one chain picked among every source's candidates (Layout.CHAIN)
     one: float = ONE_HOST_S  # one span a pass from the suffix tree and n-gram lookup (Layout.ONE)

@@ -182,6 +182,7 @@ class SpanPolicy:
         self.host_s = 0.0
         self.timed_passes = 0  # passes whose seconds were reported
         self.skipped = 0  # proposals dropped by the guard since the last one verified
+        self._priced: tuple | None = None  # (cost model, its table, its prices' key, pass costs, floors): _prices
 
     def choose(self, candidates: Sequence[tuple[Source, list[int]]]) -> tuple[Source, list[int]]:
         """(source, span cut to its best length) of the candidate worth most; (NO_SOURCE, []) for a plain step."""
@@ -201,11 +202,10 @@ class SpanPolicy:
         GPU preset, 0.4-2.2% less time than adding whole spans). [] for a plain step. `guard`:
         the guard may skip it here (not where the caller asked `skips` before proposing)."""
         ranked = []  # (tokens per second, source, cut span) of every span worth a pass alone
-        priced = self.costs.costs(max(len(span) for _, span in candidates) + 1) if candidates else []
+        priced, floors = self._prices(max(len(span) for _, span in candidates) + 1) if candidates else ([], [])
         longest: dict[Source, int] = {}  # source -> its longest span here (sources repeat)
         for source, span in candidates:
             longest[source] = max(longest.get(source, 0), len(span))
-        floors = pass_floors(priced)
         best = {source: best_spans(self.stats[source].probs(length), self.costs, priced, floors)
                 for source, length in longest.items()}  # source -> [span length] -> best_span
         starting = self._starting(candidates) if self.one_chain else {}
@@ -220,6 +220,18 @@ class SpanPolicy:
             return []
         chosen = [(source, span) for _, source, span in ranked[:1]]
         return self._add_beside(chosen, ranked[1:], max_count, tree, priced) if chosen else []
+
+    def _prices(self, length: int) -> tuple[list[float], list[float]]:
+        """(the costs of passes over 1 .. length tokens, pass_floors of them), kept while the cost
+        model prices as it did (the same model and table, no drift learnt since: drafted per step
+        a request's every pass, and each step of a batch's requests, reuses them)."""
+        costs = self.costs
+        key = (costs.drift, costs.score_drift, costs.step_s, costs.token_s, length)
+        kept = self._priced
+        if kept is None or kept[0] is not costs or kept[1] is not costs.table or kept[2] != key:
+            priced = costs.costs(length)
+            kept = self._priced = (costs, costs.table, key, priced, pass_floors(priced))
+        return kept[3], kept[4]
 
     @staticmethod
     def _starting(candidates: Sequence[tuple[Source, list[int]]]) -> dict[int, list[tuple[Source, list[int]]]]:

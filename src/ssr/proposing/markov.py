@@ -90,11 +90,15 @@ class MarkovProposer(OneSource):
     def __init__(self, prompt: Sequence[int], history=None) -> None:
         self.model = MarkovModel()  # the request's prompt (its last PROMPT_TOKENS) and output
         self.hashes = self.model.add(prompt[-PROMPT_TOKENS:])  # the context's last n-grams
+        # tokens observed, not counted yet: counted when a span is next drafted (drafted per step,
+        # vLLM's drafter offers one span a pass from other sources while its batch is full, and
+        # does not pay for counting them till then)
+        self._pending: list[int] = []
         # the deployment's earlier responses (ResponseHistory.markov: EarlierResponses), None: none kept
         self.earlier = history.markov() if history is not None else None
 
     def observe(self, token_ids: Sequence[int]) -> None:
-        self.hashes = self.model.add(token_ids, self.hashes)
+        self._pending.extend(token_ids)
 
     def add_source(self, token_ids: Sequence[int]) -> None:
         """Drafts are the suffix tree's and lookup's to copy from."""
@@ -108,6 +112,8 @@ class MarkovProposer(OneSource):
 
     def draft(self, limit: int) -> tuple[list[int], int]:
         """(span of at most `limit` and SPAN tokens, the match its first token followed)."""
+        if self._pending:
+            self.hashes, self._pending = self.model.add(self._pending, self.hashes), []
         earlier = self.earlier.model if self.earlier is not None and self.earlier.model.tokens else None
         hashes, span, first, top = self.hashes, [], 0, ORDER
         while len(span) < min(limit, SPAN):

@@ -1,0 +1,55 @@
+"""Host time of ssr's vLLM drafter a request-step, in each of its layouts (speculation.HostCosts):
+one chain among every source's candidates (batch 1) and one span a pass from the suffix tree and
+n-gram lookup (batch 32, GPU preset: speculation.per_step_layout picks it there). Each trace's
+drafting is replayed as greedy vLLM verifies it (vllm_drafter.replay_chains: the drafter's own
+code, no vLLM needed) and timed; the median over traces of milliseconds a step, with the
+interquartile range. Real traces (../shared/traces), the first N of each (set, model) group.
+
+    python scripts/drafter_host.py ../shared/traces/*.dev.jsonl.gz --limit 5
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+from ssr.bench.parsers import DEFAULT_MODEL
+from ssr.bench.trace_replay import mode_config
+from ssr.bench.traces import load_traces, tokenize_trace
+from ssr.engines.vllm_drafter import replay_chains
+from ssr.engines.vocab import load_vocab
+from ssr.loop.speculation import per_step_layout
+from ssr.pricing.costs import CostModel, gpu_preset
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("files", nargs="+")
+    parser.add_argument("--limit", type=int, default=5, help="traces per (set, model) group")
+    args = parser.parse_args()
+    missing = [f for f in args.files if not Path(f).is_file()]
+    if missing:
+        print(f"no such trace file: {', '.join(missing)}", file=sys.stderr)
+        return 2
+    vocab = load_vocab(DEFAULT_MODEL)
+    traces = [tokenize_trace(t, vocab) for t in load_traces([Path(f) for f in args.files], limit=args.limit)]
+    max_span = mode_config("ssr").suffix.max_span
+    for batch in (1, 32):
+        costs = CostModel(table=gpu_preset().at_batch(batch))
+        per_step, steps = [], 0
+        for each in traces:
+            start = time.perf_counter()
+            done = replay_chains(each.prompt_ids, each.cot_ids + each.answer_ids, CostModel(table=gpu_preset()),
+                                 each.cot_ids[-1:], True, max_span, costs, batch=batch)
+            per_step.append(1e3 * (time.perf_counter() - start) / max(1, len(done)))
+            steps += len(done)
+        quartiles = statistics.quantiles(per_step, n=4) if len(per_step) > 1 else per_step * 3
+        print(f"batch {batch:2d} ({per_step_layout(costs, batch).value}): {statistics.median(per_step):.3f} ms a step "
+              f"(quartiles {quartiles[0]:.3f}-{quartiles[2]:.3f}), {len(traces)} traces, {steps} steps")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
