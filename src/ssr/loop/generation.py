@@ -201,7 +201,8 @@ class Generation(Walk):
             if end:
                 break
         # vLLM's chain runs on past the end marker: the tokens it verified there are the answer's first
-        self._carried = committed[fed:] if end == "natural" and self.speculation.per_step else []
+        carries = end == "natural" and self.speculation.per_step and not self.answer_prefix_ids  # nothing forced after it
+        self._carried = committed[fed:] if carries else []
         kept = fed + len(self._carried)
         self.seqs.truncate(self.seqs.parent, outcome.base + kept)  # 4. commit: pending + the tokens before the new pending
         proposer.observe(committed[: fed - 1 if end == "eos" else fed])  # 5. observe (EOS is not part of the CoT)
