@@ -173,8 +173,10 @@ def pass_table(rows: list[dict], step_ms: float = 6.0) -> list[dict]:
     table = []
     for (suite, engine, mode), group in sorted(groups.items()):
         cot_passes = sum(r["metrics"]["cot_steps"] + r["metrics"]["cot_passes"] for r in group)
+        # + the pass that closes the CoT and gives the first answer token (one chain a pass after a
+        # CoT that ended itself, as vLLM drafts: an answer pass of its own, counted, or the CoT's last)
         answer_passes = sum(r["metrics"]["decode_steps"] - r["metrics"]["cot_steps"] + r["metrics"]["verify_passes"]
-                            + 1 for r in group)  # + the pass that closes the CoT and gives the first answer token
+                            + (r.get("candidates") != "chain" or r["metrics"]["forced_tokens"] > 0) for r in group)
         ratios = [seconds_at_step(r, step_ms) / seconds_at_step(ar[(suite, engine, r["item"])], step_ms) for r in group
                   if (suite, engine, r["item"]) in ar]
         table.append({
