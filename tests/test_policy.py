@@ -57,7 +57,6 @@ def test_acceptance_stats_survival_curve():
     assert turned.probs(1)[0] < 0.6  # 20 successes then 5 failures: without decay 0.81
 
 
-
 def _km_oracle(stats, risk, fail, length):
     """The class docstring's shrunk Kaplan-Meier, from counts decayed eagerly."""
     weight, pooled = stats.prior_weight, None
@@ -290,72 +289,6 @@ def test_span_cut_follows_each_sources_measured_acceptance():
     assert policy.cut([1] * 20, BAD) == []
     assert len(policy.cut([1] * 20, GOOD)) >= 8
 
-
-def test_span_guard_stops_spans_that_lose_time_and_keeps_exploring():
-    """Passes that cost more than the plain steps they replace, by more than `tolerance` steps
-    in all, turn spans off (one proposal in explore_every still verified); passes that gain, or
-    lose less, keep them on."""
-    from ssr.pricing.span_policy import SpanPolicy
-
-    costs = CostModel(step_s=0.010, token_s=0.001)  # spans look cheap to the model ...
-    losing = SpanPolicy(costs)
-    assert losing.cut([1, 2, 3, 4]) == [1, 2, 3, 4]
-    for _ in range(SpanPolicy.min_passes):
-        losing.observe(4, 0, seconds=0.050)  # ... but each pass took 50 ms for one token
-    assert losing.losing
-    kept = [losing.cut([1, 2, 3, 4]) for _ in range(2 * SpanPolicy.explore_every)]
-    assert sum(bool(span) for span in kept) == 2  # exploration only
-    winning = SpanPolicy(costs)
-    for _ in range(SpanPolicy.min_passes):
-        winning.observe(4, 4, seconds=0.015)  # five tokens in 15 ms
-    assert not winning.losing and winning.cut([1, 2, 3, 4]) == [1, 2, 3, 4]
-    nearly = SpanPolicy(costs)
-    for _ in range(SpanPolicy.min_passes):
-        nearly.observe(4, 0, seconds=0.0101)  # a hundredth of a step lost a pass: within the tolerance
-    assert not nearly.losing and all(nearly.cut([1, 2, 3, 4]) for _ in range(SpanPolicy.explore_every))
-    nearly.observe(4, 0, seconds=0.010 * (1 + SpanPolicy.tolerance))  # past it
-    assert nearly.losing
-    untimed = SpanPolicy(costs)  # without seconds (older callers) the guard never judges
-    for _ in range(SpanPolicy.min_passes):
-        untimed.observe(4, 0)
-    assert not untimed.losing
-
-
-
-def test_the_guard_counts_host_time_and_skips_before_a_proposal():
-    """Where a pass also costs host time (`host_s`: vLLM's drafter, every request of the batch
-    drafted for on the step), passes that win a little per pass lose once it is counted; `skips`
-    says so before anything is proposed: all but one in explore_every."""
-    from ssr.pricing.span_policy import SpanPolicy
-
-    costs = CostModel(step_s=0.010, token_s=0.0)
-    for host_s, losing in ((0.0, False), (0.003, True)):
-        policy = SpanPolicy(costs)
-        policy.host_s = host_s
-        for _ in range(4 * SpanPolicy.min_passes):
-            policy.observe(4, 0 if _ % 5 else 1, seconds=0.010)  # one token in five passes: 2 ms a pass won
-        assert policy.losing is losing
-        asked = [policy.skips() for _ in range(2 * SpanPolicy.explore_every)]
-        assert sum(not skip for skip in asked) == (2 if losing else 2 * SpanPolicy.explore_every)
-        assert policy.choose_many([(Source("a"), [1, 2])], 1, guard=False)  # asked already: not again
-
-
-def test_pass_prices_are_kept_only_while_the_cost_model_prices_as_it_did():
-    """SpanPolicy keeps a pass's prices between choices; a drift learnt, another table or another
-    cost model prices anew."""
-    from dataclasses import replace as copy
-
-    from ssr.pricing.costs import gpu_preset
-    from ssr.pricing.span_policy import SpanPolicy
-
-    costs = CostModel(table=gpu_preset())
-    policy = SpanPolicy(costs)
-    first = policy._prices(8)
-    assert policy._prices(8)[0] is first[0]  # kept, not priced again
-    costs.observe_step(2 * costs.table.step(1))  # a slower step learnt: drift
-    assert policy._prices(8)[0] == costs.costs(8) != first[0]
-    policy.costs = copy(costs, table=gpu_preset(0.03))
-    assert policy._prices(8)[0] == policy.costs.costs(8)
 
 CHOICES = [  # (candidates, observations per source (proposed, accepted) x 8, expected source, expected length);
     # spans are priced by each source's measured acceptance

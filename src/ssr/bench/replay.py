@@ -84,14 +84,16 @@ class ReplayEngine:
     prefix: KeptKV  # KeepsPrefix: what a deployment's server kept from its last request
 
     def __init__(self, model: RowModel, costs: CostTable, host: str | float | None = None,
-                 max_sequences: int = 4, kept: KeptKV | None = None, host_scale: int = 1) -> None:
+                 max_sequences: int = 4, kept: KeptKV | None = None, batch: int = 1) -> None:
         self.model = model
         self.prefix = kept if kept is not None else KeptKV()  # the KV a deployment kept from its last request
         self.max_sequences = max_sequences  # as the run's engine (the engines' default: 4)
         self.costs = costs  # seconds of each call
         self.host = host  # the loop's host time on the clock: None (off), "measured", or seconds per pass
         self.host_s = 0.0  # the loop's host time between passes, measured (or the figure per pass)
-        self.host_scale = host_scale  # requests whose host time each step waits for (on the clock this many times)
+        # requests in each step (the costs are priced among them: CostTable.at_batch); a step waits
+        # for every one's host time, so it goes on the clock this many times
+        self.batch = batch
         self.passes = 0  # forward passes: steps, score passes, shared passes
         self._since: float | None = None  # wall clock when the last pass returned
         ids = model.prompt_ids + model.cot_ids + model.answer_ids + model.draft_ids + model.forced_end_ids
@@ -185,12 +187,12 @@ class ReplayEngine:
             if not is_pass:
                 return
             self.host_s += self.host
-            self.seconds += self.host * self.host_scale
+            self.seconds += self.host * self.batch
         elif self._since is not None:
             gap = time.perf_counter() - self._since
             self.host_s += gap
             if self.host == "measured":
-                self.seconds += gap * self.host_scale
+                self.seconds += gap * self.batch
 
     def _feed(self, seq: int, token_ids: Sequence[int]) -> list[int]:
         """Append tokens to seq; the token predicted after each."""
@@ -264,9 +266,8 @@ class ChainReplayEngine(ReplayEngine):
 
     capabilities = replace(ReplayEngine.capabilities, drafts_per_step=True)
 
-    def __init__(self, model: RowModel, costs: CostTable, batch: int = 1, **kwargs) -> None:
+    def __init__(self, model: RowModel, costs: CostTable, **kwargs) -> None:
         super().__init__(model, costs, **{"max_sequences": 1, **kwargs})
-        self.batch = batch  # requests in each step (the costs are priced among them: CostTable.at_batch)
 
 
 class TreeReplayEngine(TokenListTree, ReplayEngine):

@@ -99,14 +99,9 @@ def replay_trace(tokens: TokenTrace, mode: str, setting: CostSetting, order: str
                               len(tokens.cot_ids)) \
         if mode in ORACLES else REPLAY_PEERS[mode](tokens.prompt_ids, history) if mode in REPLAY_PEERS else None
     tree = candidates == "tree" or (proposer is not None and proposer.shape.tree)  # a peer's engine verifies its tree
-    if tree:
-        engine = TreeReplayEngine(model, setting.costs, host=host, max_sequences=1 if candidates == "chain" else
-                                  SEQUENCES, kept=kept, host_scale=setting.batch)
-    elif candidates == "chain":
-        engine = ChainReplayEngine(model, setting.costs, setting.batch, host=host, kept=kept, host_scale=setting.batch)
-    else:
-        engine = ReplayEngine(model, setting.costs, host=host, max_sequences=SEQUENCES, kept=kept,
-                              host_scale=setting.batch)
+    engine_class = TreeReplayEngine if tree else ChainReplayEngine if candidates == "chain" else ReplayEngine
+    engine = engine_class(model, setting.costs, host=host, max_sequences=1 if candidates == "chain" else SEQUENCES,
+                          kept=kept, batch=setting.batch)
     started = time.perf_counter()
     generation = Generation(engine, REPLAY_FORMAT, config, tokens.prompt_ids, costs=CostModel(table=setting.costs),
                             stats=stats, plan=NO_DRAFT, history=history, proposer=proposer, views=tokens.views)

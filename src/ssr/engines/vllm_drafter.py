@@ -81,9 +81,9 @@ class ChainDrafter:
         extend = span_extension(self.costs, self.max_span)
         self.proposer = request_proposer(config, extend, list(self.prompt_ids), self.history,
                                          several=True, wide=True)
-        # where verifying is not cheap at the step's batch: one span a pass, as the loop lays it out
-        # there (speculation.decide: Layout.ONE), from the same sources' state (fewer of them: less
-        # host time, which every request of a full batch waits for)
+        # where one chain among every source's does not pay for its host time at the step's batch
+        # (speculation.per_step_layout): one span a pass, as the loop lays it out there (Layout.ONE),
+        # from the same sources' state (fewer of them: less host time)
         self.one_span = self.proposer.one_span_view()
         self.suffix = self.proposer.proposers["suffix"]  # its spans go past the match where verifying is cheap
         learnt = self.stats.spans if self.stats is not None else {}

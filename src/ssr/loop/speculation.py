@@ -96,7 +96,7 @@ def decide(engine, config: GenerationConfig, costs: CostModel) -> Speculation:
     if not (beside and extend is not None and config.chooses_spans):
         return Speculation(beside, extend, Layout.ONE, 1, per_step)
     if tree_passes(engine):
-        return Speculation(beside, extend, Layout.TREE, MAX_TREE_CANDIDATES, per_step)
+        return Speculation(beside, extend, Layout.TREE, MAX_TREE_CANDIDATES)
     if engine.max_sequences < 2:
-        return Speculation(beside, extend, Layout.CHAIN, 1, per_step)
-    return Speculation(beside, extend, Layout.FORKS, MAX_BRANCHES, per_step)
+        return Speculation(beside, extend, Layout.CHAIN, 1)
+    return Speculation(beside, extend, Layout.FORKS, MAX_BRANCHES)

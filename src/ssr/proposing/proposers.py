@@ -189,9 +189,12 @@ class SuffixProposer(OneSource):
     def candidates(self, max_tokens: int) -> list[tuple[Source, list[int]]]:
         """One candidate, its source named by its match length (long matches are trusted more:
         a span policy measures each bucket apart)."""
+        return self._candidates(max_tokens, 0)
+
+    def _candidates(self, max_tokens: int, alternatives: int) -> list[tuple[Source, list[int]]]:
+        """candidates; `alternatives` for NativeSuffixProposer's interface (this tree offers none)."""
         span, _, match_len = self._best(max_tokens)
-        bucket = match_bucket(match_len)
-        return [(Source.suffix(bucket, kind=self.kind), span)] if span else []
+        return [(Source.suffix(match_bucket(match_len), kind=self.kind), span)] if span else []
 
     def best_only(self):
         """Its best span alone, read from this proposer's state (it has no other branch)."""

@@ -65,12 +65,15 @@ class NativeSuffixProposer:
         the other branches of the tree's continuations after the same match (source "…~"),
         best first: where several candidates are verified in one pass, one of them may hold the
         token the best one misses."""
+        return self._candidates(max_tokens, self.alternatives)
+
+    def _candidates(self, max_tokens: int, alternatives: int) -> list[tuple[Source, list[int]]]:
         span, _, match_len = self._best(max_tokens)
         if not span:
             return []
         bucket = match_bucket(match_len)
         out = [(Source.suffix(bucket, kind=self.kind), span)]
-        for other in islice(self._branches(max_tokens), self.alternatives):
+        for other in islice(self._branches(max_tokens), alternatives):
             if other[: len(span)] != span[: len(other)]:  # not a prefix of the best, nor extended by it
                 out.append((Source.suffix(bucket, True, self.kind), other))
         return out
@@ -131,5 +134,4 @@ class BestSpan:
         self.suffix = suffix  # the viewed source: its trees, context and params
 
     def candidates(self, max_tokens: int) -> list[tuple[Source, list[int]]]:
-        span, _, match_len = self.suffix._best(max_tokens)
-        return [(Source.suffix(match_bucket(match_len), kind=self.suffix.kind), span)] if span else []
+        return self.suffix._candidates(max_tokens, 0)
