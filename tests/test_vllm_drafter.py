@@ -103,8 +103,11 @@ def test_a_measured_cost_table_replaces_the_preset():
 
 def test_spans_back_off_as_the_batch_grows():
     """The same text drafted at batch 1 and in fuller batches (GPU preset): a verified token is
-    nearly free alone and costs compute in a full batch, so fewer tokens are proposed there for
-    the same tokens accepted."""
+    nearly free alone and costs compute in a full batch, so fewer tokens are proposed there, more
+    of them right. (Past a few requests one span a pass comes from the suffix tree alone,
+    proposers.ONE_SPAN_PARTS: on this text, copies at shifting offsets, n-gram lookup's earliest
+    occurrence accepted 36 of the 39 tokens it proposed at batch 64, the suffix tree alone 25 of
+    30: on the development traces it is the better of the two there, host time aside too.)"""
     output = []
     for i in range(12):  # copies of 4 tokens, each followed by one no copy predicts
         output += PROMPT[i % 7: i % 7 + 4] + [90 + i]
@@ -115,7 +118,8 @@ def test_spans_back_off_as_the_batch_grows():
         proposed[batch] = sum(len(step.proposed) for step in steps)
         accepted[batch] = sum(step.accepted or 0 for step in steps)
     assert proposed[1] > 1.5 * proposed[8] > 1.5 * proposed[64] > 0
-    assert accepted[64] >= 0.8 * accepted[1]
+    assert accepted[8] >= 0.9 * accepted[1] and accepted[64] >= 0.6 * accepted[1]
+    assert accepted[64] / proposed[64] > accepted[8] / proposed[8] > accepted[1] / proposed[1]
 
 
 @pytest.mark.parametrize("batch, tokens, steps", [  # CostTable.at_batch, GPU preset in steps

@@ -153,11 +153,15 @@ class ChainDrafter:
         return self._output
 
     def _take(self, sampled: Sequence[int]) -> None:
-        for token in sampled:
-            self._output.append(int(token))
-            self.proposer.observe([int(token)])
-            if self.thinking and self._end and self._output[-len(self._end):] == self._end:
-                self.thinking = False
+        """The step's tokens, to the output and the proposer; the CoT ends where the end marker does."""
+        if not sampled:
+            return
+        output, start, end = self._output, len(self._output), self._end
+        output.extend(int(token) for token in sampled)
+        self.proposer.observe(output[start:])
+        if self.thinking and end:  # the marker ends at one of the new tokens
+            self.thinking = not any(output[stop - len(end):stop] == end
+                                    for stop in range(max(start + 1, len(end)), len(output) + 1))
 
 
 def replay_chains(prompt_ids: Sequence[int], output_ids: Sequence[int], costs: CostModel,

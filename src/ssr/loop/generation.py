@@ -126,7 +126,7 @@ class Generation(Walk):
         spec = self.speculation
         proposer = self._proposer or request_proposer(self.config, spec.extend, self.prompt_ids, self.history,
                                                       several=spec.several, wide=spec.wide, trie=spec.trie,
-                                                      views=self.views)
+                                                      views=self.views, lookup=spec.lookup)
         if proposer is not None:
             self.candidates.shape = proposer.shape
             if proposer.shape.tree and not tree_passes(self.engine):

@@ -10,11 +10,12 @@ from ..pricing.costs import CostModel
 from ..engines.base import shares_passes, tree_passes
 from ..pricing.span_policy import MAX_BRANCHES, MAX_TREE_CANDIDATES, span_extension
 
-# HostCosts' figures: the drafter's milliseconds a request-step, 0.176 as one chain and 0.046 as one
-# span a pass (scripts/drafter_host.py <the five non-agentic dev files> --limit 5: medians over 50
-# traces); ssr / suffix, geometric mean of the 10 medians, 0.8981 as one chain and 0.9526 as one
-# span a pass (`ssr traces`, GPU preset, that layout forced): 0.9526 / 0.8981 = 1.061
-CHAIN_HOST_S, ONE_HOST_S, CHAIN_GAIN = 0.176e-3, 0.046e-3, 1.06
+# HostCosts' figures: the drafter's milliseconds a request-step, 0.176 as one chain and 0.029 as one
+# span a pass from the suffix tree alone (scripts/drafter_host.py <the five non-agentic dev files>
+# --limit 5: medians over 50 traces); ssr / suffix, geometric mean of the 10 medians, 0.8981 as one
+# chain and 0.9259 as one span a pass (`ssr traces ... --orders cold`, GPU preset, that layout
+# forced): 0.9259 / 0.8981 = 1.031
+CHAIN_HOST_S, ONE_HOST_S, CHAIN_GAIN = 0.176e-3, 0.029e-3, 1.031
 
 
 class Layout(Enum):
@@ -45,6 +46,13 @@ class Speculation:
         return self.layout in (Layout.TREE, Layout.CHAIN)
 
     @property
+    def lookup(self) -> bool:
+        """n-gram lookup is a source: everywhere but one span a pass drafted per step (vLLM's drafter
+        where one chain does not pay for its host time), where its host time across the batch costs
+        more than it wins (proposers.ONE_SPAN_PARTS)."""
+        return not (self.per_step and self.layout is Layout.ONE)
+
+    @property
     def trie(self) -> bool:
         """The recency trie's many paths are offered: only to a token tree (a chain, picking one,
         lost more picks to them than it won; since it pools what its candidates share they win it
@@ -64,7 +72,7 @@ class HostCosts:
     preset, ssr's time against suffix's in each layout (one span a pass forced for it)."""
 
     chain: float = CHAIN_HOST_S  # one chain picked among every source's candidates (Layout.CHAIN)
-    one: float = ONE_HOST_S  # one span a pass from the suffix tree and n-gram lookup (Layout.ONE)
+    one: float = ONE_HOST_S  # one span a pass from the suffix tree alone (Layout.ONE drafted per step)
     chain_gain: float = CHAIN_GAIN  # tokens a step one chain commits over one span a pass's
 
 

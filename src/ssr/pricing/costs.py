@@ -330,7 +330,7 @@ class CostModel:
     def cost(self, num_tokens: int) -> float:
         """num_tokens fed to one sequence in one pass."""
         if self.table is not None:
-            return self.drift * self.table.step(1) if num_tokens <= 1 else \
+            return self.drift * self._score_table(1) if num_tokens <= 1 else \
                 self.score_drift * self._score_table(num_tokens)
         return self.step_s + self.token_s * max(0, num_tokens - 1)
 
@@ -339,10 +339,11 @@ class CostModel:
         if self.table is None:
             return [self.cost(k) for k in range(1, max_tokens + 1)]
         self._score_table(max_tokens)
-        return [self.drift * self.table.step(1)] + [self.score_drift * s for s in self._scores[1:max_tokens]]
+        return [self.drift * self._scores[0]] + [self.score_drift * s for s in self._scores[1:max_tokens]]
 
     def _score_table(self, num_tokens: int) -> float:
-        """table.score(num_tokens) (context-free), from a list built once per table and length."""
+        """table.score(num_tokens) (context-free; score(1) is step(1)), from a list built once per
+        table and length."""
         scores = getattr(self, "_scores", None) if getattr(self, "_scores_of", None) is self.table else None
         if scores is None or len(scores) < num_tokens:
             longest = max(num_tokens, 2 * len(scores or ()), 128)  # doubled: trees ask one more at a time

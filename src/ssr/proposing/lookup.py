@@ -81,11 +81,30 @@ class LookupProposer(PromptLookupProposer):
         self.skips = skips  # further candidates: tokens that came two after the second-to-last token
         # token -> {the token two after it: where that one's latest such occurrence is}, oldest first
         self._skips: dict[int, dict[int, int]] = {}
+        # tokens observed, not indexed yet: indexed when candidates are asked (a drafter that
+        # drafts one span a pass from the suffix tree alone, speculation.Layout.ONE, asks none)
+        self._pending: list[int] = []
         super().__init__(seed, max_ngram, num_tokens, min_ngram=1)
 
+    @property
+    def tokens(self) -> list[int]:
+        """Everything the model has seen, indexed (the pending tokens first)."""
+        if self._pending:
+            self._index()
+        return self._tokens
+
+    @tokens.setter
+    def tokens(self, value: list[int]) -> None:
+        self._tokens = value
+
     def observe(self, token_ids: Sequence[int]) -> None:
-        tokens, first, latest, before, ways = self.tokens, self._first, self._latest, self._before, self._ways
-        for token in token_ids:
+        self._pending.extend(token_ids)
+
+    def _index(self) -> None:
+        """The pending tokens indexed, in order (the same maps as indexing each when observed)."""
+        pending, self._pending = self._pending, []
+        tokens, first, latest, before, ways = self._tokens, self._first, self._latest, self._before, self._ways
+        for token in pending:
             tokens.append(token)
             end = len(tokens)
             for size in range(1, min(self.max_ngram, end) + 1):

@@ -101,13 +101,13 @@ class CompetingProposers:
         return found
 
     def one_span_view(self) -> CompetingProposers:
-        """The candidates request_proposer's one-span-a-pass proposer (without `several` and
-        `wide`: Layout.ONE) offers, read from this one's state: its suffix sources' best spans and
-        n-gram lookup's. vLLM's drafter offers them where one chain among every source's does not
+        """The candidates request_proposer's one-span-a-pass proposer drafted per step (without
+        `several`, `wide` and `lookup`: Layout.ONE on vLLM's drafter) offers, read from this one's
+        state: its suffix sources' best spans. vLLM's drafter offers them where one chain among every source's does not
         pay for its host time at the step's batch (speculation.per_step_layout), as the replay
         does; only this proposer is observed."""
-        return CompetingProposers({name: self.proposers[name].best_only() if name != "lookup" else
-                                   self.proposers[name] for name in ONE_SPAN_PARTS if name in self.proposers})
+        return CompetingProposers({name: self.proposers[name].best_only()
+                                   for name in ONE_SPAN_PARTS if name in self.proposers})
 
 
 class ArcticSuffixProposer(OneSource):
@@ -215,7 +215,13 @@ class SuffixProposer(OneSource):
         return best
 
 
-ONE_SPAN_PARTS = ("suffix", "lookup", "escaped")  # request_proposer's parts without `wide` (and `trie`), in its order
+# request_proposer's parts without `several`, `wide` and `lookup`, in its order: one span a pass drafted
+# per step (vLLM's drafter at a batch where one chain among every source's does not pay for its host
+# time), where n-gram lookup's host time across the batch costs more than its spans win: `ssr traces
+# <the five non-agentic dev files> --limit 30 --candidates chain --batch 32 --cost-model gpu:6
+# --orders cold`, ssr / ar with host time (`ssr @6 ms + host`) 0.817-1.026 with it, 0.761-0.975
+# without, ssr's own (host time off) better on 8 of 10 (set, model) groups, worse on 2 (by 0.009 and 0.024)
+ONE_SPAN_PARTS = ("suffix", "escaped")
 ALTERNATIVES = 4  # the suffix tree's further branches offered as candidates where several are verified a pass
 # n-gram lookup's further candidates on a token tree (`trie`; one chain with the Markov source did as
 # well without them: cold 0.8976 -> 0.8975, deployment 0.9080 -> 0.9079, host 0.294 -> 0.256 ms a pass)
@@ -262,7 +268,7 @@ def escaped_suffix(params: SuffixParams, prompt_ids: Sequence[int], views: Seque
 
 def request_proposer(config, extend_prob: float | None, prompt_ids: Sequence[int],
                      history: ResponseHistory | None, several: bool = False, wide: bool = False,
-                     trie: bool = False, views: Sequence[Sequence[int]] = ()) -> Proposer | None:
+                     trie: bool = False, views: Sequence[Sequence[int]] = (), lookup: bool = True) -> Proposer | None:
     """One proposer for a request's output, seeded with the prompt (drafts join at the close).
     ssr: its suffix tree (spans past the match length with `extend_prob`) and n-gram lookup
     compete; with `several` (several candidates a pass) the suffix tree's other branches too;
@@ -271,17 +277,18 @@ def request_proposer(config, extend_prob: float | None, prompt_ids: Sequence[int
     with `trie` (a token tree; in a chain its paths cost more host time than they win, docs/traces.md)
     the recency trie's draft tree (trie.py), lookup's other ways, skips and the context's frequent tokens;
     without it, where wide (one chain), the variable-order Markov source (markov.py); with
-    `views`, a suffix tree of them (escaped_suffix).
+    `views`, a suffix tree of them (escaped_suffix); without `lookup` (one span a pass drafted per
+    step: ONE_SPAN_PARTS), no n-gram lookup.
     The peers as their users run them."""
     kind = config.proposer
     if kind == "suffix" and config.uses_draft:
         from .lookup import LookupProposer  # (they import this module)
         from .trie import TrieProposer
         params = config.suffix
-        parts = {"suffix": ssr_suffix(params, prompt_ids, history, extend_prob, ALTERNATIVES if several else 0),
-                 "lookup": LookupProposer(prompt_ids, 3, params.max_span, OTHER_WAYS if trie else 0,
-                                          FREQUENT_TREE if trie else 0,
-                                          SKIPS if trie else 0)}
+        parts = {"suffix": ssr_suffix(params, prompt_ids, history, extend_prob, ALTERNATIVES if several else 0)}
+        if lookup:
+            parts["lookup"] = LookupProposer(prompt_ids, 3, params.max_span, OTHER_WAYS if trie else 0,
+                                             FREQUENT_TREE if trie else 0, SKIPS if trie else 0)
         if trie:
             parts["trie"] = TrieProposer(prompt_ids, history)
         if views:
