@@ -1,6 +1,6 @@
 """Host time of ssr's vLLM drafter a request-step, in each of its layouts (speculation.HostCosts):
-one chain among every source's candidates (batch 1) and one span a pass from the suffix tree and
-the suffix tree alone (batch 32, GPU preset: speculation.per_step_layout picks it there). Each trace's
+one chain among every source's candidates (batch 1) and one span a pass from the suffix tree
+alone (batch 32, GPU preset: speculation.per_step_layout picks it there). Each trace's
 drafting is replayed as greedy vLLM verifies it (vllm_drafter.replay_chains: the drafter's own
 code, no vLLM needed) and timed; the median over traces of milliseconds a step, with the
 interquartile range. Real traces (../shared/traces), the first N of each (set, model) group.
