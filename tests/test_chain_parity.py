@@ -15,6 +15,7 @@ import pytest
 from ssr.bench.trace_replay import CostSetting, mode_config, replay_all
 from ssr.bench.traces import load_traces, tokenize_trace
 from ssr.engines.vllm_drafter import replay_chains
+from ssr.engines.vllm_plugin import DEFAULT_TOKENS
 from ssr.loop.speculation import HostCosts, Layout, per_step_layout
 from ssr.pricing.costs import CostModel, CostTable, gpu_preset
 from ssr.pricing.drafting import PolicyStats
@@ -35,7 +36,7 @@ def loop_steps(row: dict, tokens) -> list[tuple]:
 def drafter_steps(tokens, batch: int, history=None, stats=None) -> list[tuple]:
     """The same of every chain the drafter proposed, replayed as greedy vLLM verifies them."""
     steps = replay_chains(tokens.prompt_ids, tokens.cot_ids + tokens.answer_ids, CostModel(table=gpu_preset()),
-                          tokens.cot_ids[-1:], True, mode_config("ssr").suffix.max_span,
+                          tokens.cot_ids[-1:], True, DEFAULT_TOKENS,  # the replay's chains are no longer
                           CostModel(table=gpu_preset().at_batch(batch)), history, stats, batch)
     return [(step.at - len(tokens.prompt_ids), str(step.source), len(step.proposed), step.accepted)
             for step in steps if step.proposed]

@@ -131,7 +131,7 @@ def test_costs_at_a_batch(batch, tokens, steps):
 
 def test_the_plugin_rewrites_method_ssr_and_refuses_what_it_cannot_honour():
     assert speculative_config({"method": "ssr"}) == {"method": "custom_class", "model": DRAFTER,
-                                                      "num_speculative_tokens": 16}
+                                                      "num_speculative_tokens": 32}
     assert speculative_config({"method": "ssr", "num_speculative_tokens": 8, "disable_by_batch_size": 64}) == {
         "method": "custom_class", "model": DRAFTER, "num_speculative_tokens": 8, "disable_by_batch_size": 64}
     for bad, reason in (({"method": "ssr", "model": "eagle"}, "does not take model"),

@@ -36,6 +36,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from ..config import MODE_TABLE, TRACE_MODES, ConfigError, GenerationConfig
+from ..engines.vllm_plugin import DEFAULT_TOKENS
 from ..pricing.costs import CostModel, CostTable
 from ..loop import Generation
 from ..pricing.drafting import Plan, PolicyStats
@@ -94,6 +95,8 @@ def replay_trace(tokens: TokenTrace, mode: str, setting: CostSetting, order: str
     model = RowModel(prompt_ids=tokens.prompt_ids, cot_ids=tokens.cot_ids, answer_ids=tokens.answer_ids,
                      forced_end_ids=end, answer_prefix_ids=[], draft_ids=[], draft_forked_at=None)
     config = mode_config(mode)
+    if candidates == "chain" and mode not in REPLAY_PEERS:  # ssr's drafter's longest chain (the oracles' too)
+        config = replace(config, suffix=replace(config.suffix, max_span=DEFAULT_TOKENS))
     proposer = OracleProposer(tokens.prompt_ids, tokens.cot_ids + tokens.answer_ids,
                               history.responses if history is not None else (), config.suffix.max_span, ORACLES[mode],
                               len(tokens.cot_ids)) \

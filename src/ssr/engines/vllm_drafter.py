@@ -38,11 +38,11 @@ from ..proposing.proposers import request_proposer
 from ..proposing.source import NO_SOURCE, Source
 from ..pricing.span_policy import SpanPolicy, judge, left_out, span_extension
 from ..loop.speculation import Layout, host_seconds, per_step_layout
+from .vllm_plugin import DEFAULT_TOKENS  # num_speculative_tokens when the config sets none
 
 log = logging.getLogger("ssr.drafter")
 
 COSTS_ENV = "SSR_DRAFTER_COSTS"  # a cost table for the span policy: `gpu`, `gpu:MS` or a calibrate JSON
-DEFAULT_TOKENS = 16  # num_speculative_tokens when the config sets none (vLLM's docs: 16-32 for suffix)
 UNDRAFTED = "undrafted"  # the role in an adapter's request id (ssr-N-role) that the drafter leaves plain
 HISTORY_TOKENS = 200_000  # earlier responses kept for every request to copy from (oldest evicted first)
 
