@@ -16,9 +16,9 @@ import time
 from pathlib import Path
 
 from ssr.bench.parsers import DEFAULT_MODEL
-from ssr.bench.trace_replay import mode_config
 from ssr.bench.traces import load_traces, tokenize_trace
 from ssr.engines.vllm_drafter import replay_chains
+from ssr.engines.vllm_plugin import DEFAULT_TOKENS
 from ssr.engines.vocab import load_vocab
 from ssr.loop.speculation import per_step_layout
 from ssr.pricing.costs import CostModel, gpu_preset
@@ -35,7 +35,7 @@ def main() -> int:
         return 2
     vocab = load_vocab(DEFAULT_MODEL)
     traces = [tokenize_trace(t, vocab) for t in load_traces([Path(f) for f in args.files], limit=args.limit)]
-    max_span = mode_config("ssr").suffix.max_span
+    max_span = DEFAULT_TOKENS  # the drafter's chains at most (num_speculative_tokens unset)
     for batch in (1, 32):
         costs = CostModel(table=gpu_preset().at_batch(batch))
         per_step, steps = [], 0

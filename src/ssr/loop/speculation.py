@@ -10,12 +10,12 @@ from ..pricing.costs import CostModel
 from ..engines.base import shares_passes, tree_passes
 from ..pricing.span_policy import MAX_BRANCHES, MAX_TREE_CANDIDATES, span_extension
 
-# HostCosts' figures: the drafter's milliseconds a request-step, 0.176 as one chain and 0.029 as one
+# HostCosts' figures: the drafter's milliseconds a request-step, 0.176 as one chain and 0.027 as one
 # span a pass from the suffix tree alone (scripts/drafter_host.py <the five non-agentic dev files>
-# --limit 5: medians over 50 traces); ssr / suffix, geometric mean of the 10 medians, 0.8981 as one
-# chain and 0.9259 as one span a pass (`ssr traces ... --orders cold`, GPU preset, that layout
-# forced): 0.9259 / 0.8981 = 1.031
-CHAIN_HOST_S, ONE_HOST_S, CHAIN_GAIN = 0.176e-3, 0.029e-3, 1.031
+# --limit 5: medians over 50 traces, three runs: 0.173-0.184 and 0.025-0.027); ssr / suffix,
+# geometric mean of the 10 medians, 0.8977 as one chain and 0.9254 as one span a pass (`ssr traces
+# ... --orders cold`, GPU preset, that layout forced): 0.9254 / 0.8977 = 1.031
+CHAIN_HOST_S, ONE_HOST_S, CHAIN_GAIN = 0.176e-3, 0.027e-3, 1.031
 
 
 class Layout(Enum):

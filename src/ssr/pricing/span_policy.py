@@ -201,6 +201,8 @@ class SpanPolicy:
         ones, cut where a node no longer pays for itself (_paying: on the development traces,
         GPU preset, 0.4-2.2% less time than adding whole spans). [] for a plain step. `guard`:
         the guard may skip it here (not where the caller asked `skips` before proposing)."""
+        if len(candidates) == 1:  # one span a pass from one source (Layout.ONE drafted per step): the same, less host time
+            return self._choose_one(*candidates[0], guard)
         ranked = []  # (tokens per second, source, cut span) of every span worth a pass alone
         priced, floors = self._prices(max(len(span) for _, span in candidates) + 1) if candidates else ([], [])
         longest: dict[Source, int] = {}  # source -> its longest span here (sources repeat)
@@ -220,6 +222,14 @@ class SpanPolicy:
             return []
         chosen = [(source, span) for _, source, span in ranked[:1]]
         return self._add_beside(chosen, ranked[1:], max_count, tree, priced) if chosen else []
+
+    def _choose_one(self, source: Source, span: list[int], guard: bool) -> list[tuple[Source, list[int]]]:
+        """choose_many of one candidate: it cut to its best length, or [] (a plain step, or the guard's skip)."""
+        priced, floors = self._prices(len(span) + 1)
+        length = best_spans(self.stats[source].probs(len(span)), self.costs, priced, floors)[-1][0]
+        if not length or (guard and self.skips()):
+            return []
+        return [(source, span[:length])]
 
     def _prices(self, length: int) -> tuple[list[float], list[float]]:
         """(the costs of passes over 1 .. length tokens, pass_floors of them), kept while the cost
