@@ -142,3 +142,23 @@ def test_drafted_per_step_a_pass_is_priced_from_the_table_as_the_drafter_prices_
         expected = sum((event["accepted"] + 1) * costs.cost(1) - costs.cost(event["proposed"] + 1) - policy.host_s
                        for event in events)
         assert policy.gain_s == pytest.approx(expected)
+
+
+def test_one_span_a_pass_drafted_per_step_comes_from_the_suffix_tree_alone():
+    """Drafted per step (vLLM's drafter) one span a pass has no n-gram lookup, the loop's and the
+    drafter's alike (its host time across the batch costs more than it wins); one chain a pass,
+    and one span a pass not drafted per step (a CPU engine's), keep it."""
+    from ssr.config import GenerationConfig
+    from ssr.loop.speculation import Speculation
+    from ssr.proposing.proposers import ONE_SPAN_PARTS, request_proposer
+
+    def spec(layout, per_step):
+        return Speculation(True, None, layout, 1, per_step)
+
+    assert not spec(Layout.ONE, True).lookup
+    assert spec(Layout.CHAIN, True).lookup and spec(Layout.ONE, False).lookup
+    config, prompt = GenerationConfig(mode="ssr"), list(range(20)) * 2
+    assert "lookup" not in request_proposer(config, None, prompt, None, lookup=False).proposers
+    chain = request_proposer(config, 0.0, prompt, None, several=True, wide=True)
+    assert "lookup" in chain.proposers and "lookup" not in ONE_SPAN_PARTS
+    assert set(chain.one_span_view().proposers) == {"suffix"}

@@ -69,3 +69,26 @@ def test_pass_prices_are_kept_only_while_the_cost_model_prices_as_it_did():
     assert policy._prices(8)[0] == costs.costs(8) != first[0]
     policy.costs = copy(costs, table=gpu_preset(0.03))
     assert policy._prices(8)[0] == policy.costs.costs(8)
+
+
+def test_a_lone_candidate_is_cut_as_best_span_cuts_it():
+    """choose_many of one candidate (its fast path) cuts it where best_span does, on random
+    acceptance curves and costs; [] where no length pays; the guard's skip only where one does."""
+    import random
+
+    from ssr.pricing.span_policy import SpanPolicy, best_span
+
+    rng, source = random.Random(7), Source.of("lookup", 2)
+    for _ in range(200):
+        costs = CostModel(step_s=0.01, token_s=rng.choice((0.0001, 0.002, 0.006)))
+        policy = SpanPolicy(costs)
+        for _ in range(rng.randrange(12)):
+            proposed = rng.randrange(1, 9)
+            policy.observe(proposed, rng.randrange(proposed + 1), source=source)
+        span = [rng.randrange(50) for _ in range(rng.randrange(1, 17))]
+        length = best_span(policy.stats[source].probs(len(span)), costs)[0]
+        assert policy.choose_many([(source, span)], 1) == ([(source, span[:length])] if length else [])
+    losing = SpanPolicy(CostModel(step_s=0.01, token_s=0.0001))
+    losing.gain_s, losing.timed_passes = -1.0, SpanPolicy.min_passes
+    kept = [losing.choose_many([(source, [1, 2, 3])], 1) for _ in range(SpanPolicy.explore_every)]
+    assert sum(bool(each) for each in kept) == 1 and losing.skipped == SpanPolicy.explore_every
