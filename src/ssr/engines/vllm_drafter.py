@@ -156,12 +156,11 @@ class ChainDrafter:
         """The step's tokens, to the output and the proposer; the CoT ends where the end marker does."""
         if not sampled:
             return
-        output, start, end = self._output, len(self._output), self._end
+        output, start = self._output, len(self._output)
         output.extend(int(token) for token in sampled)
         self.proposer.observe(output[start:])
-        if self.thinking and end:  # the marker ends at one of the new tokens
-            self.thinking = not any(output[stop - len(end):stop] == end
-                                    for stop in range(max(start + 1, len(end)), len(output) + 1))
+        if self.thinking and _last_at(output[max(0, start + 1 - len(self._end)):], self._end) >= 0:
+            self.thinking = False  # the marker ends at one of the new tokens
 
 
 def replay_chains(prompt_ids: Sequence[int], output_ids: Sequence[int], costs: CostModel,

@@ -342,12 +342,12 @@ class CostModel:
         return [self.drift * self._scores[0]] + [self.score_drift * s for s in self._scores[1:max_tokens]]
 
     def _score_table(self, num_tokens: int) -> float:
-        """table.score(num_tokens) (context-free; score(1) is step(1)), from a list built once per
-        table and length."""
+        """The table's pass over num_tokens, context-free (1: table.step, a step; more: table.score),
+        from a list built once per table and length."""
         scores = getattr(self, "_scores", None) if getattr(self, "_scores_of", None) is self.table else None
         if scores is None or len(scores) < num_tokens:
             longest = max(num_tokens, 2 * len(scores or ()), 128)  # doubled: trees ask one more at a time
-            self._scores = scores = [self.table.score(k) for k in range(1, longest + 1)]  # [k - 1]
+            self._scores = scores = [self.table.step(1)] + [self.table.score(k) for k in range(2, longest + 1)]
             self._scores_of = self.table
         return scores[num_tokens - 1]
 

@@ -201,7 +201,7 @@ class SpanPolicy:
         ones, cut where a node no longer pays for itself (_paying: on the development traces,
         GPU preset, 0.4-2.2% less time than adding whole spans). [] for a plain step. `guard`:
         the guard may skip it here (not where the caller asked `skips` before proposing)."""
-        if len(candidates) == 1:  # one span a pass from one source (Layout.ONE drafted per step): the same, less host time
+        if len(candidates) == 1:  # one source's span (Layout.ONE drafted per step): the same choice, less host time
             return self._choose_one(*candidates[0], guard)
         ranked = []  # (tokens per second, source, cut span) of every span worth a pass alone
         priced, floors = self._prices(max(len(span) for _, span in candidates) + 1) if candidates else ([], [])
