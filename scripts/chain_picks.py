@@ -41,7 +41,7 @@ ORDERS = 6  # the context n-grams the ranker reads: its last 1 .. ORDERS tokens
 def record(tokens, order: str, history, learnt) -> list[dict]:
     """Every chain pass of one ssr replay: where it was (output tokens written before its span, the
     pending token the pass feeds among them), each candidate (its span and its source's
-    first-token chance) and the pick, read from CandidatePass.propose."""
+    acceptance curve S(1) .. S(length)) and the pick, read from CandidatePass.propose."""
     passes = []
     original = CandidatePass.propose
 
@@ -51,7 +51,7 @@ def record(tokens, order: str, history, learnt) -> list[dict]:
         if chosen and asked.found:
             at = self.seqs.length(self.seqs.parent) - len(tokens.prompt_ids) + 1  # the pending token is written
             passes.append({"at": at, "picked": chosen[0][1], "spans": [span for _, span in asked.found],
-                           "first": [policy.stats[source].probs(1)[0] for source, _ in asked.found]})
+                           "curves": [policy.stats[source].probs(len(span)) for source, span in asked.found]})
         return chosen
 
     CandidatePass.propose = propose
@@ -92,8 +92,8 @@ def features(passes: list[dict], text: list[int], prompt: int) -> list[tuple[lis
         if at >= len(text):
             continue
         chances = defaultdict(list)
-        for span, first in zip(each["spans"], each["first"]):
-            chances[span[0]].append(first)
+        for span, curve in zip(each["spans"], each["curves"]):
+            chances[span[0]].append(curve[0])
         for token, firsts in chances.items():
             row = [1.0 - math.prod(1.0 - c for c in firsts), max(firsts), math.log(len(firsts))]
             for k in range(1, ORDERS + 1):
@@ -144,6 +144,7 @@ def main() -> int:
     deployed = args.orders == "deployment"
     rows: dict[str, list] = defaultdict(list)  # group -> (features, right, picked, pass id)
     accepted: dict[str, Counter] = defaultdict(Counter)  # group -> passes, tokens the pick / best took
+    depths = Counter()  # (what, k): over every candidate k tokens long or more, where the text goes that far
     histories, learnt = defaultdict(ResponseHistory), defaultdict(PolicyStats)
     for trace in traces:
         tokens = tokenize_trace(trace, vocab)
@@ -157,11 +158,36 @@ def main() -> int:
             accepted[group]["passes"] += 1
             accepted[group]["picked"] += common_prefix(each["picked"], truth)
             accepted[group]["best"] += max(common_prefix(span, truth) for span in each["spans"])
+            for span, curve in zip(each["spans"], each["curves"]):
+                right = common_prefix(span, truth)
+                for k in range(1, min(len(span), len(truth)) + 1):
+                    depths["spans", k] += 1
+                    depths["predicted", k] += curve[k - 1]
+                    depths["right", k] += right >= k
+                    depths["reached", k] += right >= k - 1  # its first k - 1 tokens right
         for row, right, picked, index in features(passes, tokens.prompt_ids + output, len(tokens.prompt_ids)):
             rows[group].append((row, right, picked, first_id + index))
         print(f"{group}: {trace.item}, {len(passes)} passes", file=sys.stderr)
     report(rows, accepted)
+    depth_report(depths)
     return 0
+
+
+DEPTHS = (1, 2, 3, 5, 9, 13, 17, 25, 32)  # the span positions depth_report shows
+
+
+def depth_report(depths: Counter) -> None:
+    """Over every candidate of every pass, where the text goes on that far: its source's predicted
+    S(k) (the span policy's curve), the share of them right through token k, and the chance that
+    token k is right given the ones before it."""
+    print()
+    print("| token k of a span | candidates | predicted S(k) | right through k | token k right, given the ones before |")
+    print("|---|---|---|---|---|")
+    for k in DEPTHS:
+        spans = depths["spans", k]
+        if spans:
+            given = depths["right", k] / depths["reached", k]
+            print(f"| {k} | {spans} | {depths['predicted', k] / spans:.4f} | {depths['right', k] / spans:.4f} | {given:.2f} |")
 
 
 def report(rows: dict[str, list], accepted: dict[str, Counter]) -> None:

@@ -46,7 +46,7 @@ def test_each_pass_is_recorded_where_it_was(seed):
     assert [chain_picks.common_prefix(each["picked"], output[each["at"]:]) for each in passes] == verified
     for each in passes:
         assert any(span[:len(each["picked"])] == each["picked"] for span in each["spans"])
-        assert len(each["first"]) == len(each["spans"])
+        assert [len(curve) for curve in each["curves"]] == [len(span) for span in each["spans"]]
 
 
 def _verified(tokens: TokenTrace) -> list[int]:
@@ -73,15 +73,15 @@ def test_features_match_a_brute_force_count():
     rng = random.Random(5)
     text = [rng.randrange(4) for _ in range(120)]
     prompt = 10
-    passes = [{"at": at, "picked": [text[prompt + at]], "spans": [[a], [b]], "first": [0.4, 0.2]}
+    passes = [{"at": at, "picked": [text[prompt + at]], "spans": [[a], [b]], "curves": [[0.4], [0.2]]}
               for at, a, b in ((5, 0, 1), (40, 2, 3), (41, 1, 1), (90, 3, 0))]
     rows = chain_picks.features(passes, text, prompt)
     seen = 0
     for index, each in enumerate(passes):
         at = prompt + each["at"]
         tokens = {span[0]: [] for span in each["spans"]}
-        for span, first in zip(each["spans"], each["first"]):
-            tokens[span[0]].append(first)
+        for span, curve in zip(each["spans"], each["curves"]):
+            tokens[span[0]].append(curve[0])
         for token, firsts in tokens.items():
             row, right, picked, which = rows[seen]
             seen += 1
