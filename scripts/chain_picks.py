@@ -186,8 +186,8 @@ def depth_report(depths: Counter) -> None:
     for k in DEPTHS:
         spans = depths["spans", k]
         if spans:
-            given = depths["right", k] / depths["reached", k]
-            print(f"| {k} | {spans} | {depths['predicted', k] / spans:.4f} | {depths['right', k] / spans:.4f} | {given:.2f} |")
+            predicted, right = depths["predicted", k] / spans, depths["right", k] / spans
+            print(f"| {k} | {spans} | {predicted:.4f} | {right:.4f} | {depths['right', k] / depths['reached', k]:.2f} |")
 
 
 def report(rows: dict[str, list], accepted: dict[str, Counter]) -> None:

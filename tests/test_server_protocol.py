@@ -95,6 +95,15 @@ def test_stop_string_ends_the_answer():
         assert cut["message"]["content"] == full[: full.index(stop)].strip() and cut["finish_reason"] == "stop"
 
 
+def test_a_stop_string_never_met_holds_nothing_back():
+    """The stop filter holds back a tail that could start a stop string; at the end it is sent."""
+    with client() as http:
+        full = http.post("/v1/chat/completions", json=CHAT).json()["choices"][0]
+        held = http.post("/v1/chat/completions", json={**CHAT, "stop": ["\u2603\u2603\u2603\u2603"]}).json()["choices"][0]
+    assert held["message"]["content"] == full["message"]["content"]
+    assert held["finish_reason"] == full["finish_reason"]
+
+
 def test_queue_full_gives_429_and_timeout_gives_504():
     with client(SlowFake(), max_queue=1, timeout_s=0.5) as http:
         statuses = []

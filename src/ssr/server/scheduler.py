@@ -159,35 +159,49 @@ class Scheduler:
                     self._running.pop(id(job), None)
 
     def _run(self, job: Job) -> None:
+        """One job: started (or refused), its chunks streamed to the client, its end told."""
+        generation = self._start(job)
+        if generation is None:
+            return
+        calls = _calls(job.request, self.model)
+        seen = _Seen(job.arrived, time.monotonic())
+        finish = self._stream(job, generation, seen, calls)
+        self._settle(job, generation, seen, calls, finish)
+
+    def _start(self, job: Job):
+        """The job's generation, or None where it ends before one starts (cancelled, past its
+        deadline in the queue, a request the model refuses), its client told why."""
         if job.cancelled.is_set():
             self.stats.add(cancelled=1)
             if job.shutdown:
                 job.emit("error", shutting_down(CANCELLED_BY_SHUTDOWN))
-            return
+            return None
         if time.monotonic() > job.deadline:
             self.stats.add(timed_out=1)
             job.emit("error", ApiError(504, "timed out while waiting in the queue", kind="timeout_error"))
-            return
+            return None
         request = job.request
         try:
             generation = self.model.start(request.prompt, request.config, request.template, tools=request.tools)
         except ConfigError as error:  # e.g. prompt + budgets longer than the context
             self.stats.add(invalid=1)
             job.emit("error", ApiError(400, field_message(error)))
-            return
+            return None
         job.emit("started", {"prompt_tokens": len(generation.prompt_ids)})
-        finish, stops = None, _StopFilter(request.stop)
-        calls = _calls(request, self.model)
-        seen = _Seen(job.arrived, time.monotonic())
+        return generation
+
+    def _stream(self, job: Job, generation, seen: _Seen, calls) -> str | None:
+        """The generation's chunks to the client, checking between two for a client gone or the
+        deadline; how it ended ("cancelled", "timeout", "error", "stop": a stop string or the one
+        call allowed), None where the generation ran out (its tail of held-back text sent)."""
+        stops = _StopFilter(job.request.stop)
         chunks = iter(generation)
         try:
             for chunk in chunks:
                 if job.cancelled.is_set():
-                    finish = "cancelled"
-                    break
+                    return "cancelled"
                 if time.monotonic() > job.deadline:
-                    finish = "timeout"
-                    break
+                    return "timeout"
                 if chunk.channel == "reasoning":
                     seen.text(chunk.text, answer=False)
                     job.emit("reasoning", chunk.text)
@@ -196,18 +210,22 @@ class Scheduler:
                 if text:
                     self._answer(job, seen, calls, text)
                 if hit or calls is not None and calls.full:  # a stop string, or the one call allowed
-                    finish = "stop"
-                    break
+                    return "stop"
         except EngineError as error:
-            finish = "error"
             job.emit("error", ApiError(500, f"engine error: {error}", kind="internal_error"))
+            return "error"
         finally:
             chunks.close()  # releases the parent and any draft child at once
+        tail = stops.flush()
+        if tail:
+            self._answer(job, seen, calls, tail)
+        return None
+
+    def _settle(self, job: Job, generation, seen: _Seen, calls, finish: str | None) -> None:
+        """The job's finish reason, its calls closed, its metrics counted and logged, and its end
+        told to the client (done, or the error a time-out or a shutdown gives)."""
         if finish in (None, "stop"):
             if finish is None:
-                tail = stops.flush()
-                if tail:
-                    self._answer(job, seen, calls, tail)
                 finish = "length" if generation.metrics.stop == "max_tokens" else "stop"
             if calls is not None:
                 self._answer(job, seen, calls, None)
@@ -226,7 +244,6 @@ class Scheduler:
             if seen.problems:
                 metrics = {**metrics, "tool_call_problems": list(seen.problems)}
             job.emit("done", {"finish_reason": finish, "metrics": metrics})
-
 
     def _answer(self, job: Job, seen: _Seen, calls, text: str | None) -> None:
         """Answer text to the client: as it is, or read for tool calls (None: the answer ended)."""
