@@ -215,12 +215,34 @@ def cmd_traces(args: argparse.Namespace) -> int:
     """`ssr traces`: text traces replayed in every mode under cost models (bench/trace_replay.py)."""
     from tqdm import tqdm
 
-    from ..pricing.costs import load_costs
     from ..engines.vocab import load_vocab
-    from .report import format_sources, sources_table
-    from .trace_replay import (ORDERS, CostSetting, format_headline, format_pass_table, headline_table, mode_config,
-                               pass_table, replay_all)
+    from .trace_replay import replay_all
     from .traces import load_traces, tokenize_trace
+
+    modes, orders, host, settings = _trace_options(args)
+    traces = load_traces([Path(f) for f in args.files], args.limit, args.groups, args.tasks)
+    vocab = load_vocab(args.tokenizer)
+    tokens = [tokenize_trace(t, vocab) for t in tqdm(traces, unit="trace", desc="tokenizing", dynamic_ncols=True,
+                                                      disable=not sys.stderr.isatty())]
+    rows = replay_all(tokens, modes, settings, orders, host, progress=sys.stderr.isatty(), candidates=args.candidates)
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with open(out_dir / "rows.jsonl", "w", encoding="utf-8") as out:
+        for row in rows:
+            out.write(json.dumps(row) + "\n")
+    _print_trace_tables(rows, args)
+    note = (f"`ssr traces` on {', '.join(args.files)}: {len(traces)} traces, tokenizer {vocab.name}, costs "
+            f"{', '.join(s.name for s in settings)}, host time {args.host}, several candidates verified as "
+            f"{ {'tree': 'one token tree', 'forks': 'forks', 'chain': 'one chain (one candidate a pass)'}[args.candidates]}.")
+    path = write_report(rows, out_dir, note)
+    print(f"\nrows: {out_dir / 'rows.jsonl'}; report: {path}", file=sys.stderr)
+    return 0
+
+
+def _trace_options(args: argparse.Namespace) -> tuple[list[str], list[str], object, list]:
+    """`ssr traces`' modes, orders, host-time setting and cost settings, checked before any replay."""
+    from ..pricing.costs import load_costs
+    from .trace_replay import ORDERS, CostSetting, mode_config
 
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     for mode in modes or [""]:
@@ -243,16 +265,15 @@ def cmd_traces(args: argparse.Namespace) -> int:
         raise ConfigError("--cost-model: give 'gpu' or calibrate JSON files")
     if args.tasks is not None and args.tasks < 1:
         raise ConfigError("--tasks must be >= 1")
-    traces = load_traces([Path(f) for f in args.files], args.limit, args.groups, args.tasks)
-    vocab = load_vocab(args.tokenizer)
-    tokens = [tokenize_trace(t, vocab) for t in tqdm(traces, unit="trace", desc="tokenizing", dynamic_ncols=True,
-                                                      disable=not sys.stderr.isatty())]
-    rows = replay_all(tokens, modes, settings, orders, host, progress=sys.stderr.isatty(), candidates=args.candidates)
-    out_dir = Path(args.out)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    with open(out_dir / "rows.jsonl", "w", encoding="utf-8") as out:
-        for row in rows:
-            out.write(json.dumps(row) + "\n")
+    return modes, orders, host, settings
+
+
+def _print_trace_tables(rows: list[dict], args: argparse.Namespace) -> None:
+    """`ssr traces`' tables: the headline, every mode's, tokens a pass, by turn (agent
+    conversations) and by source."""
+    from .report import format_sources, sources_table
+    from .trace_replay import format_headline, format_pass_table, headline_table, pass_table
+
     print(format_headline(headline_table(rows, args.step_ms), args.step_ms, args.markdown))
     print()
     print(format_table(summarise(rows), args.markdown))
@@ -267,12 +288,6 @@ def cmd_traces(args: argparse.Namespace) -> int:
     if sources:
         print()
         print(format_sources(sources, args.markdown))
-    note = (f"`ssr traces` on {', '.join(args.files)}: {len(traces)} traces, tokenizer {vocab.name}, costs "
-            f"{', '.join(s.name for s in settings)}, host time {args.host}, several candidates verified as "
-            f"{ {'tree': 'one token tree', 'forks': 'forks', 'chain': 'one chain (one candidate a pass)'}[args.candidates]}.")
-    path = write_report(rows, out_dir, note)
-    print(f"\nrows: {out_dir / 'rows.jsonl'}; report: {path}", file=sys.stderr)
-    return 0
 
 
 def _host_setting(text: str):
