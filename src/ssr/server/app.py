@@ -64,6 +64,36 @@ def create_app(model, served_name: str, max_queue: int = 16, timeout_s: float = 
 
     _install_error_handlers(app)
 
+    _add_status_routes(app, served_name, scheduler, request_log, metrics_out)
+
+    async def handle(request: Request, kind: str):
+        raw = await read_body(request, max_body_bytes, body_timeout_s)
+        parsed = parse_request(parse_body(raw), kind, served, defaults)
+        job = scheduler.submit(parsed)
+        first = await _next_event(job, request)
+        if first is None:
+            return JSONResponse({}, status_code=499)  # the client left while queued
+        if first[0] == "error":
+            raise first[1]
+        prompt_tokens = first[1]["prompt_tokens"]
+        if parsed.stream:
+            return StreamingResponse(_sse(job, parsed, served_name, prompt_tokens), media_type="text/event-stream")
+        return await _whole_reply(job, request, parsed, served_name, prompt_tokens)
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request):
+        return await handle(request, "chat")
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        return await handle(request, "completion")
+
+    return app
+
+
+def _add_status_routes(app: FastAPI, served_name: str, scheduler: Scheduler, request_log, metrics_out) -> None:
+    """GET /health (503 while draining), /v1/models and /metrics."""
+
     @app.get("/health")
     async def health():
         state = {"model": served_name, "running": scheduler.running, "waiting": scheduler.waiting,
@@ -84,43 +114,25 @@ def create_app(model, served_name: str, max_queue: int = 16, timeout_s: float = 
         body, content_type = metrics_out.render()
         return Response(body, media_type=content_type)
 
-    async def handle(request: Request, kind: str):
-        raw = await read_body(request, max_body_bytes, body_timeout_s)
-        parsed = parse_request(parse_body(raw), kind, served, defaults)
-        job = scheduler.submit(parsed)
-        first = await _next_event(job, request)
-        if first is None:
-            return JSONResponse({}, status_code=499)  # the client left while queued
-        if first[0] == "error":
-            raise first[1]
-        prompt_tokens = first[1]["prompt_tokens"]
-        if parsed.stream:
-            return StreamingResponse(_sse(job, parsed, served_name, prompt_tokens), media_type="text/event-stream")
-        reasoning, answer, calls = [], [], []
-        while True:
-            event = await _next_event(job, request)
-            if event is None:
-                return JSONResponse({}, status_code=499)
-            name, payload = event
-            if name == "error":
-                raise payload
-            if name == "done":
-                body = final_response(parsed, served_name, "".join(reasoning).strip(), "".join(answer).strip(),
-                                      payload["finish_reason"], usage(prompt_tokens, payload["metrics"]),
-                                      payload["metrics"], calls)
-                return JSONResponse(body)
-            if name != "tool_call_delta":  # a whole reply takes each call read whole
-                {"reasoning": reasoning, "answer": answer, "tool_call": calls}[name].append(payload)
 
-    @app.post("/v1/chat/completions")
-    async def chat(request: Request):
-        return await handle(request, "chat")
-
-    @app.post("/v1/completions")
-    async def completions(request: Request):
-        return await handle(request, "completion")
-
-    return app
+async def _whole_reply(job, request: Request, parsed, served_name: str, prompt_tokens: int):
+    """A request without `stream`: its events read to the end, one response (499 where the
+    client left; an error event raised as the API error it is)."""
+    reasoning, answer, calls = [], [], []
+    while True:
+        event = await _next_event(job, request)
+        if event is None:
+            return JSONResponse({}, status_code=499)
+        name, payload = event
+        if name == "error":
+            raise payload
+        if name == "done":
+            body = final_response(parsed, served_name, "".join(reasoning).strip(), "".join(answer).strip(),
+                                  payload["finish_reason"], usage(prompt_tokens, payload["metrics"]),
+                                  payload["metrics"], calls)
+            return JSONResponse(body)
+        if name != "tool_call_delta":  # a whole reply takes each call read whole
+            {"reasoning": reasoning, "answer": answer, "tool_call": calls}[name].append(payload)
 
 
 class Gate:
