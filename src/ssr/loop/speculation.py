@@ -56,7 +56,7 @@ class Speculation:
     def trie(self) -> bool:
         """The recency trie's many paths are offered: only to a token tree (a chain, picking one,
         lost more picks to them than it won; since it pools what its candidates share they win it
-        0.15% at 24 nodes for 0.14 ms more host time a pass: docs/traces.md, "One chain a pass")."""
+        0.15% at 24 nodes for 0.14 ms more host time a pass: docs/chain.md)."""
         return self.layout is Layout.TREE
 
 

@@ -361,8 +361,7 @@ class SpanPolicy:
         """Candidates the pass did not verify, judged against the tokens it committed: (source,
         tokens judged, of them right) each; with `one_chain`, every source learns from them as from
         its verified spans. In one chain a pass the pick is all there is, and a source the policy
-        does not pick would otherwise never learn it had become right (docs/traces.md, "One chain
-        a pass")."""
+        does not pick would otherwise never learn it had become right (docs/chain.md)."""
         if not self.one_chain:
             return
         for source, num_judged, num_right in judged:

@@ -6,7 +6,7 @@ commonest token. The match is made again after every token, never longer than OR
 suffix tree's span follows one match down its tree (SuffixTree.propose_from) and n-gram lookup
 copies what followed one occurrence.
 
-Why (docs/traces.md, "One chain a pass"): it is the candidate one chain was missing. GPU preset,
+Why (docs/chain.md): it is the candidate one chain was missing. GPU preset,
 `ssr traces <the five non-agentic dev files> --limit 30 --candidates chain --modes
 ar,ssr,suffix`, ssr / suffix (geometric mean of the medians), with lookup's commonest tokens and
 other ways out of the chain: cold 0.9067 -> 0.8975, deployment order 0.9250 -> 0.9079. Ties

@@ -293,7 +293,7 @@ def request_proposer(config, extend_prob: float | None, prompt_ids: Sequence[int
             parts["trie"] = TrieProposer(prompt_ids, history)
         if views:
             parts["escaped"] = escaped_suffix(params, prompt_ids, views, extend_prob)
-        if wide and not trie:  # one chain a pass (docs/traces.md, "One chain a pass")
+        if wide and not trie:  # one chain a pass (docs/chain.md)
             from .markov import MarkovProposer
 
             parts["markov"] = MarkovProposer(prompt_ids, history)
