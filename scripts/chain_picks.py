@@ -1,5 +1,6 @@
-"""What ssr's one chain a pass picks, against what its candidates held: per (set, model) group,
-how often the pick's first token is right, how often some candidate's is, and whether a ranker
+"""What ssr's one chain a pass picks, against what its candidates held, per (set, model) group.
+
+How often the pick's first token is right, how often some candidate's is, and whether a ranker
 with more of the context to go on picks better.
 
 `ssr traces --candidates chain` verifies one candidate a pass, as vLLM does. Each pass here is
@@ -131,7 +132,7 @@ def right_share(score: np.ndarray, right: np.ndarray, pass_of: np.ndarray) -> fl
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("files", nargs="+")
+    parser.add_argument("files", nargs="+", help="trace files (.jsonl, .jsonl.gz), as `ssr traces` reads them")
     parser.add_argument("--limit", type=int, default=6, help="traces per (set, model) group")
     parser.add_argument("--orders", choices=("cold", "deployment"), default="cold")
     args = parser.parse_args()
