@@ -12,7 +12,7 @@ from test_traces import GPU, WordVocab
 
 from ssr.bench.conversations import render_messages
 from ssr.bench.trace_replay import replay_all, replay_trace
-from ssr.bench.traces import load_traces, parse_record, read_traces, tokenize_trace
+from ssr.bench.traces import load_traces, parse_record, part_labels, read_traces, tokenize_trace
 from ssr.bench.turns import answer_passes, turn_table
 from ssr.config import ConfigError
 from ssr.verifying.verify import common_prefix
@@ -121,6 +121,33 @@ def test_answer_tokens_keep_their_part():
         vocab.tokenize('{"cmd": "pytest"}')
 
 
+def test_the_answer_is_tokenized_whole_as_the_model_writes_it_and_later_prompts_hold_it():
+    """A token may cross parts (here the run of newlines between a content's last line and its
+    call): the answer is the text's own tokens, each labelled with the part its first character
+    is in, so a later turn's prompt holds the same tokens (a copy of an earlier call is found)."""
+    vocab = WordVocab()
+    record = json.loads(json.dumps(CONVERSATION))
+    record["messages"][2]["content"] = "Reading it first.\n"  # the call opens a line after it: "\n\n"
+    turns = parse_record(record, "agentic")
+    first, later = tokenize_trace(turns[0], vocab), tokenize_trace(turns[1], vocab)
+    assert first.answer_ids == vocab.tokenize(turns[0].answer)
+    newlines = vocab.tokenize("\n\n")[0]
+    assert first.answer_parts[first.answer_ids.index(newlines)] == "content"  # its first character's part
+    text = [vocab.tokenize(turns[0].answer), first.answer_ids]
+    assert text[0] == text[1] and any(later.prompt_ids[i:i + len(text[0])] == text[0]
+                                      for i in range(len(later.prompt_ids)))
+
+
+@pytest.mark.parametrize("parts, starts, labels", [
+    ((("content", "ab"), ("call", "cd")), [0, 1, 2, 3], ("content", "content", "call", "call")),
+    ((("content", "ab"), ("call", "cd")), [0, 1, 3], ("content", "content", "call")),  # "bc" is content's
+    ((("call", "x"), ("arguments", "{}"), ("call", "}")), [0, 1, 3], ("call", "arguments", "call")),
+    ((("content", "a"),), [0], ("content",)),
+])
+def test_part_labels(parts, starts, labels):
+    assert part_labels(parts, starts) == labels
+
+
 PASSES = [  # (parts, span events (at, accepted), expected part -> (tokens, passes))
     ([["content", 4]], [], {"content": (4, 4)}),
     ([["content", 4]], [(1, 2)], {"content": (4, 2)}),  # token 0, then 3 tokens in one pass
@@ -202,3 +229,18 @@ def test_a_served_tool_calling_request_replays_from_its_log_line(tmp_path):
     assert dict(trace.parts)["arguments"] == '{"city": "Paris"}'
     rows = replay_all([tokenize_trace(trace, WordVocab())], ["ar", "ssr"], [GPU], orders=["cold"])
     assert all(row["identical"] for row in rows)
+
+
+def test_a_real_vocabulary_says_where_each_token_starts():
+    """GgufVocab.token_starts: a byte-level token is its bytes, so the starts cut the text into
+    the tokens' own texts, multi-byte characters and tokens across parts included."""
+    from ssr.bench.parsers import DEFAULT_MODEL
+    from ssr.engines.vocab import load_vocab
+
+    vocab = load_vocab(DEFAULT_MODEL)
+    text = 'Lisez « café ».\n<tool_call>\n{"name": "f", "arguments": {"q": "naïve 東京"}}\n</tool_call>'
+    ids, starts = vocab.token_starts(text)
+    assert ids == vocab.tokenize(text) and starts[0] == 0 and starts == sorted(starts)
+    assert len(set(starts)) >= len(starts) - 2  # a character split over two tokens starts both
+    cut = [text[a:b] for a, b in zip(starts, starts[1:] + [len(text)])]
+    assert "".join(cut) == text and '"}}\n' in cut  # the arguments' end and the call's close: one token

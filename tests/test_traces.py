@@ -34,7 +34,11 @@ class WordVocab:
         self.ids: dict[str, int] = {}
 
     def tokenize(self, text: str, special: bool = False) -> list[int]:
-        return [self.ids.setdefault(w, len(self.ids)) for w in re.findall(r"\w+|[^\w\s]|\s+", text)]
+        return self.token_starts(text)[0]
+
+    def token_starts(self, text: str) -> tuple[list[int], list[int]]:
+        words = list(re.finditer(r"\w+|[^\w\s]|\s+", text))
+        return [self.ids.setdefault(w.group(), len(self.ids)) for w in words], [w.start() for w in words]
 
 
 def reasoning(seed: int, steps: int = 12) -> tuple[str, str, str]:

@@ -22,8 +22,10 @@ from __future__ import annotations
 
 import gzip
 import json
+from bisect import bisect_right
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
+from itertools import accumulate
 from pathlib import Path
 
 from ..config import ConfigError
@@ -164,13 +166,18 @@ def tokenize_trace(trace: TextTrace, vocab) -> TokenTrace:
     views = tuple(vocab.tokenize(text) for text in texts)  # as `ssr serve` makes them (api.SSR.start)
     if not trace.parts:
         return TokenTrace(trace, prompt, cot, vocab.tokenize(trace.answer), views=views)
-    answer: list[int] = []
-    labels: list[str] = []
-    for part, text in trace.parts:  # each part on its own: its tokens keep their part
-        ids = vocab.tokenize(text)
-        answer += ids
-        labels += [part] * len(ids)
-    return TokenTrace(trace, prompt, cot, answer, tuple(labels), views)
+    answer, starts = vocab.token_starts("".join(text for _, text in trace.parts))
+    return TokenTrace(trace, prompt, cot, answer, part_labels(trace.parts, starts), views)
+
+
+def part_labels(parts: tuple[tuple[str, str], ...], starts: list[int]) -> tuple[str, ...]:
+    """Each answer token's part: the part its first character is in. The answer is tokenized whole,
+    as a model writes it and as its earlier turns are tokenized in later prompts: a token may cross
+    parts (`"}}\n` ends the arguments and begins the call's closing), where tokenizing each part on
+    its own would split it into tokens the model never writes, and that no copy of an earlier call
+    in the prompt holds."""
+    ends = list(accumulate(len(text) for _, text in parts))
+    return tuple(parts[min(bisect_right(ends, start), len(parts) - 1)][0] for start in starts)
 
 
 def load_traces(paths: list[Path], limit: int | None = None, groups: list[str] | None = None,

@@ -41,6 +41,18 @@ class GgufVocab:
         count = self._lib.llama_tokenize(self._vocab, data, len(data), buffer, capacity, False, special)
         return list(buffer[:count])
 
+    def token_starts(self, text: str) -> tuple[list[int], list[int]]:
+        """(token ids of text, each token's first character's offset in it): a byte-level
+        vocabulary's token is its bytes (llama_token_to_piece), counted along the text's UTF-8."""
+        ids = self.tokenize(text)
+        char_of = [index for index, char in enumerate(text) for _ in char.encode("utf-8")]
+        starts, at, buffer = [], 0, ctypes.create_string_buffer(256)
+        for token in ids:
+            starts.append(char_of[min(at, len(char_of) - 1)] if char_of else 0)
+            size = self._lib.llama_token_to_piece(self._vocab, token, buffer, len(buffer), 0, True)
+            at += max(0, size)
+        return ids, starts
+
     def __del__(self) -> None:
         if getattr(self, "_model", None):
             self._lib.llama_model_free(self._model)
@@ -65,6 +77,11 @@ class JsonVocab:
     def tokenize(self, text: str, special: bool = False) -> list[int]:
         """Token ids of text (no BOS); the library parses its added tokens (chat markers) always."""
         return self._tokenizer.encode(text, add_special_tokens=False).ids
+
+    def token_starts(self, text: str) -> tuple[list[int], list[int]]:
+        """(token ids of text, each token's first character's offset in it)."""
+        encoding = self._tokenizer.encode(text, add_special_tokens=False)
+        return encoding.ids, [start for start, _ in encoding.offsets]
 
 
 def load_vocab(spec: str):
