@@ -4,6 +4,8 @@ alone (batch 32, GPU preset: speculation.per_step_layout picks it there). Each t
 drafting is replayed as greedy vLLM verifies it (vllm_drafter.replay_chains: the drafter's own
 code, no vLLM needed) and timed; the median over traces of milliseconds a step, with the
 interquartile range. Real traces (../shared/traces), the first N of each (set, model) group.
+Then a request's setup: its drafter made and its first chain drafted (every source indexing the
+prompt, inside vLLM's step, so the batch waits for it), in microseconds a prompt token.
 
     python scripts/drafter_host.py ../shared/traces/*.dev.jsonl.gz --limit 5
 """
@@ -17,7 +19,7 @@ from pathlib import Path
 
 from ssr.bench.parsers import DEFAULT_MODEL
 from ssr.bench.traces import load_traces, tokenize_trace
-from ssr.engines.vllm_drafter import replay_chains
+from ssr.engines.vllm_drafter import ChainDrafter, replay_chains
 from ssr.engines.vllm_plugin import DEFAULT_TOKENS
 from ssr.engines.vocab import load_vocab
 from ssr.loop.speculation import per_step_layout
@@ -48,6 +50,17 @@ def main() -> int:
         quartiles = statistics.quantiles(per_step, n=4) if len(per_step) > 1 else per_step * 3
         print(f"batch {batch:2d} ({per_step_layout(costs, batch).value}): {statistics.median(per_step):.3f} ms a step "
               f"(quartiles {quartiles[0]:.3f}-{quartiles[2]:.3f}), {len(traces)} traces, {steps} steps")
+    costs = CostModel(table=gpu_preset())
+    setup = []  # (prompt tokens, microseconds a prompt token)
+    for each in traces:
+        start = time.perf_counter()
+        ChainDrafter(list(each.prompt_ids), None, costs, each.cot_ids[-1:], True, max_span).step(
+            (each.cot_ids + each.answer_ids)[:1], max_span)
+        setup.append((len(each.prompt_ids), 1e6 * (time.perf_counter() - start) / max(1, len(each.prompt_ids))))
+    longest = max(setup)
+    print(f"setup: {statistics.median(us for _, us in setup):.1f} us a prompt token (median over {len(setup)} "
+          f"prompts of {min(setup)[0]}-{longest[0]} tokens; the longest {longest[1]:.1f}, "
+          f"{longest[0] * longest[1] / 1e3:.0f} ms)")
     return 0
 
 
