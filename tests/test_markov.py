@@ -131,3 +131,15 @@ def test_only_the_prompts_last_tokens_are_counted(monkeypatch):
     assert MarkovProposer(prompt).candidates(1) == [(Source.of("markov", 2), [3])]
     monkeypatch.setattr(markov, "PROMPT_TOKENS", 6)
     assert MarkovProposer(prompt).candidates(1) == [(Source.of("markov"), [9])]  # "2" is new there
+
+
+def test_the_prompt_is_counted_only_when_a_span_is_first_drafted():
+    """vLLM's drafter at a full batch drafts from the suffix tree alone: the Markov source made
+    for a request counts nothing till asked, then drafts what it would have drafted counting at once."""
+    prompt = [1, 2, 3, 1, 2, 4, 1, 2, 3, 5, 1, 2]
+    lazy = MarkovProposer(prompt)
+    assert lazy.model.tokens == 0
+    lazy.observe([3, 1])
+    span, first = oracle_draft([prompt + [3, 1]], prompt + [3, 1], 4)
+    assert lazy.model.tokens == 0 and lazy.candidates(4) == [(Source.of("markov", min(first, 4)), span)]
+    assert lazy.model.tokens == len(prompt) + 2
