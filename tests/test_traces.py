@@ -6,6 +6,7 @@ import gzip
 import json
 import random
 import re
+import time
 from pathlib import Path
 
 import numpy as np
@@ -180,6 +181,26 @@ def test_host_time_per_pass_goes_on_the_clock(tmp_path):
     assert on["metrics"]["total_s"] > off["metrics"]["total_s"] and on["identical"]
     measured = replay_trace(tokens, "ssr", GPU, "cold", host="measured")
     assert measured["metrics"]["total_s"] >= off["metrics"]["total_s"] and measured["identical"]
+
+
+def test_a_requests_setup_is_host_time_too(tmp_path, monkeypatch):
+    """Between the prefill and the first pass the loop makes the request's proposer, whose
+    sources index the prompt (on a long agent prompt, tenths of a second): host time, as between
+    two passes, on the clock with --host-time measured."""
+    import ssr.loop.generation as generation
+
+    tokens = tokenize_trace(load_traces([write_traces(tmp_path / "s.jsonl.gz", count=1)])[0], WordVocab())
+    plain = replay_trace(tokens, "ssr", GPU, "cold", host="measured")
+    made = generation.request_proposer
+
+    def slow(*args, **kwargs):
+        time.sleep(0.2)
+        return made(*args, **kwargs)
+
+    monkeypatch.setattr(generation, "request_proposer", slow)
+    slowed = replay_trace(tokens, "ssr", GPU, "cold", host="measured")
+    assert slowed["host"]["s"] >= plain["host"]["s"] + 0.19 and slowed["identical"]
+    assert slowed["metrics"]["total_s"] >= plain["metrics"]["total_s"] + 0.19
 
 
 def test_replay_engine_ids_are_the_argmax_of_its_rows():

@@ -13,7 +13,8 @@ run, which the engine writes as a token of its own whose text ends the stage the
 
 Greedy loops get token ids instead of rows (`returns_ids`), as from an engine that picks the
 argmax where its logits live. The loop's own host time (everything between two passes:
-proposing, pricing, verifying, committing) is measured, and with `host` it goes on the clock:
+proposing, pricing, verifying, committing; and between the prefill and the first pass, where
+its proposers index the prompt) is measured, and with `host` it goes on the clock:
 "measured" adds this machine's own, a number adds that many seconds per pass.
 
 A deployment's server keeps the KV of its last request (`KeptKV`): a prompt that starts as
@@ -141,7 +142,9 @@ class ReplayEngine:
     def prefill(self, token_ids: Sequence[int]) -> int:
         reused = self.prefix.take(token_ids)  # fed already, by the deployment's last request
         self.seconds += self.costs.prefill(len(token_ids) - reused, reused)
-        return self._new(list(token_ids), None)
+        seq = self._new(list(token_ids), None)
+        self._since = time.perf_counter()  # the request's setup till its first pass is host time too
+        return seq
 
     def fork(self, seq: int) -> int:
         self._begin(is_pass=False)  # an engine call (a KV-cache operation), not the loop's host time
