@@ -126,6 +126,19 @@ def test_one_chain_offers_it_and_a_token_tree_does_not():
     assert not any(source.kind == "markov" for source, _ in tree.candidates(8))
 
 
+def test_one_chain_looks_up_in_the_prompts_last_tokens_and_the_others_in_all_of_it(monkeypatch):
+    """Inside vLLM's step the batch waits while a request's sources index its prompt: one chain's
+    n-gram lookup takes its last CHAIN_LOOKUP_PROMPT tokens (the suffix tree all of them); a token
+    tree and forks keep all of it."""
+    import ssr.proposing.proposers as proposers
+
+    monkeypatch.setattr(proposers, "CHAIN_LOOKUP_PROMPT", 5)
+    config, prompt = GenerationConfig(mode="ssr"), list(range(12))
+    looked = {name: request_proposer(config, 0.1, prompt, None, several=True, **kw).proposers["lookup"].tokens
+              for name, kw in (("chain", dict(wide=True)), ("tree", dict(wide=True, trie=True)), ("forks", {}))}
+    assert looked == {"chain": prompt[-5:], "tree": prompt, "forks": prompt}
+
+
 def test_only_the_prompts_last_tokens_are_counted(monkeypatch):
     prompt = [1, 2, 3, 4, 9, 9, 9, 9, 9, 9, 1, 2]  # "1 2" went on to 3, before the last 6 tokens
     assert MarkovProposer(prompt).candidates(1) == [(Source.of("markov", 2), [3])]

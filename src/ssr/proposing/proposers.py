@@ -222,6 +222,14 @@ class SuffixProposer(OneSource):
 # --orders cold`, ssr / ar with host time (`ssr @6 ms + host`) 0.817-1.026 with it, 0.761-0.975
 # without, ssr's own (host time off) better on 8 of 10 (set, model) groups, worse on 2 (by 0.009 and 0.024)
 ONE_SPAN_PARTS = ("suffix", "escaped")
+# one chain a pass (vLLM's drafter, inside vLLM's step: the batch waits while a new request's
+# sources index its prompt) indexes the prompt's last this many tokens for n-gram lookup; the
+# suffix tree holds all of it. On a 95,249-token agent prompt lookup's index took 0.16-0.20 s.
+# `ssr traces ../shared/traces/agentic-nemo-gym.dev.jsonl.gz --tasks 2 --orders cold --candidates
+# chain --modes ar,ssr,suffix` (with the Markov source's 4,096, markov.PROMPT_TOKENS): by set
+# 0.7331 -> 0.7334 of `ar`, policy_model's `ssr @6 ms + host` 0.987 -> 0.921; the five
+# non-agentic files (`--limit 30`), whose prompts are shorter, the same to the last digit
+CHAIN_LOOKUP_PROMPT = 16_384
 ALTERNATIVES = 4  # the suffix tree's further branches offered as candidates where several are verified a pass
 # n-gram lookup's further candidates on a token tree (`trie`; one chain with the Markov source did as
 # well without them: cold 0.8976 -> 0.8975, deployment 0.9080 -> 0.9079, host 0.294 -> 0.256 ms a pass)
@@ -287,7 +295,8 @@ def request_proposer(config, extend_prob: float | None, prompt_ids: Sequence[int
         params = config.suffix
         parts = {"suffix": ssr_suffix(params, prompt_ids, history, extend_prob, ALTERNATIVES if several else 0)}
         if lookup:
-            parts["lookup"] = LookupProposer(prompt_ids, 3, params.max_span, OTHER_WAYS if trie else 0,
+            seed = prompt_ids[-CHAIN_LOOKUP_PROMPT:] if wide and not trie else prompt_ids  # one chain: its last tokens
+            parts["lookup"] = LookupProposer(seed, 3, params.max_span, OTHER_WAYS if trie else 0,
                                              FREQUENT_TREE if trie else 0, SKIPS if trie else 0)
         if trie:
             parts["trie"] = TrieProposer(prompt_ids, history)
