@@ -244,3 +244,20 @@ def test_a_real_vocabulary_says_where_each_token_starts():
     assert len(set(starts)) >= len(starts) - 2  # a character split over two tokens starts both
     cut = [text[a:b] for a, b in zip(starts, starts[1:] + [len(text)])]
     assert "".join(cut) == text and '"}}\n' in cut  # the arguments' end and the call's close: one token
+
+
+def test_a_token_longer_than_the_first_buffer_is_read_whole():
+    """llamacpp.token_piece: llama.cpp answers a buffer too small with minus the size it needs."""
+    from ssr.engines.llamacpp import token_piece
+
+    class Lib:  # llama_token_to_piece as llama.cpp's C function behaves
+        @staticmethod
+        def llama_token_to_piece(vocab, token, buffer, length, lstrip, special):
+            piece = bytes([65 + token % 26]) * token
+            if length < len(piece):
+                return -len(piece)
+            buffer[: len(piece)] = piece
+            return len(piece)
+
+    assert token_piece(Lib(), None, 3) == b"DDD"
+    assert token_piece(Lib(), None, 300) == bytes([65 + 300 % 26]) * 300

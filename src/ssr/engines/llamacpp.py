@@ -43,6 +43,17 @@ def _silent_log():
     return llama_cpp.llama_log_callback(lambda level, text, user_data: None)
 
 
+def token_piece(lib, vocab, token_id: int) -> bytes:
+    """A token's bytes as llama.cpp writes them (special tokens as their text); a piece longer
+    than the first buffer is asked for again at the size llama.cpp says it needs."""
+    buffer = ctypes.create_string_buffer(256)
+    size = lib.llama_token_to_piece(vocab, token_id, buffer, len(buffer), 0, True)
+    if size < 0:
+        buffer = ctypes.create_string_buffer(-size)
+        size = lib.llama_token_to_piece(vocab, token_id, buffer, len(buffer), 0, True)
+    return buffer.raw[: max(size, 0)]
+
+
 class LlamaCppEngine(SequenceSlots):
     def __init__(self, model_path: str | Path, context_size: int = 8192, max_sequences: int = 4,
                  batch_size: int = 512, threads: int | None = None, verbose: bool = False,
@@ -111,9 +122,7 @@ class LlamaCppEngine(SequenceSlots):
     def token_bytes(self, token_id: int) -> bytes:
         piece = self._pieces.get(token_id)
         if piece is None:
-            buffer = ctypes.create_string_buffer(256)
-            size = self._lib.llama_token_to_piece(self._vocab, token_id, buffer, 256, 0, True)
-            piece = self._pieces[token_id] = buffer.raw[: max(size, 0)]
+            piece = self._pieces[token_id] = token_piece(self._lib, self._vocab, token_id)
         return piece
 
     # -- sequences ------------------------------------------------------------------------

@@ -43,14 +43,15 @@ class GgufVocab:
 
     def token_starts(self, text: str) -> tuple[list[int], list[int]]:
         """(token ids of text, each token's first character's offset in it): a byte-level
-        vocabulary's token is its bytes (llama_token_to_piece), counted along the text's UTF-8."""
+        vocabulary's token is its bytes (llamacpp.token_piece), counted along the text's UTF-8."""
+        from .llamacpp import token_piece
+
         ids = self.tokenize(text)
         char_of = [index for index, char in enumerate(text) for _ in char.encode("utf-8")]
-        starts, at, buffer = [], 0, ctypes.create_string_buffer(256)
+        starts, at = [], 0
         for token in ids:
             starts.append(char_of[min(at, len(char_of) - 1)] if char_of else 0)
-            size = self._lib.llama_token_to_piece(self._vocab, token, buffer, len(buffer), 0, True)
-            at += max(0, size)
+            at += len(token_piece(self._lib, self._vocab, token))
         return ids, starts
 
     def __del__(self) -> None:
