@@ -293,16 +293,17 @@ def request_proposer(config, extend_prob: float | None, prompt_ids: Sequence[int
         from .lookup import LookupProposer  # (they import this module)
         from .trie import TrieProposer
         params = config.suffix
+        chain = wide and not trie  # one chain a pass (docs/chain.md)
         parts = {"suffix": ssr_suffix(params, prompt_ids, history, extend_prob, ALTERNATIVES if several else 0)}
         if lookup:
-            seed = prompt_ids[-CHAIN_LOOKUP_PROMPT:] if wide and not trie else prompt_ids  # one chain: its last tokens
+            seed = prompt_ids[-CHAIN_LOOKUP_PROMPT:] if chain else prompt_ids
             parts["lookup"] = LookupProposer(seed, 3, params.max_span, OTHER_WAYS if trie else 0,
                                              FREQUENT_TREE if trie else 0, SKIPS if trie else 0)
         if trie:
             parts["trie"] = TrieProposer(prompt_ids, history)
         if views:
             parts["escaped"] = escaped_suffix(params, prompt_ids, views, extend_prob)
-        if wide and not trie:  # one chain a pass (docs/chain.md)
+        if chain:
             from .markov import MarkovProposer
 
             parts["markov"] = MarkovProposer(prompt_ids, history)
