@@ -118,6 +118,7 @@ class ReplayEngine:
         self.draft = [self.answer[i] if i < len(self.answer) and token == model.answer_ids[i] else token
                       for i, token in enumerate(model.draft_ids)]
         self.seconds = 0.0  # the modelled clock
+        self.host_on_clock_s = 0.0  # the part of it that is the loop's host time (`host`), not passes
         self._prompt_len = len(model.prompt_ids)
         self._forced = model.forced_end_ids + model.answer_prefix_ids  # fed after a forced end
         self._tokens: dict[int, list[int]] = {}  # sequence -> tokens held
@@ -127,7 +128,13 @@ class ReplayEngine:
     # -- the clock and the text side --------------------------------------------------------
 
     def clock(self) -> float:
+        self._catch_up()
         return self.seconds
+
+    def pass_clock(self) -> float:
+        """The clock less the loop's host time on it: what a stopwatch around each engine call
+        sees (the host time goes on the clock inside the next call, which a real call never holds)."""
+        return self.seconds - self.host_on_clock_s
 
     def tokenize(self, text: str, add_bos: bool = False) -> list[int]:
         known = {REPLAY_FORMAT.forced_end: self.model.forced_end_ids,
@@ -187,15 +194,24 @@ class ReplayEngine:
         is host time (on the clock with `host`)."""
         self.passes += is_pass
         if isinstance(self.host, (int, float)):
-            if not is_pass:
-                return
-            self.host_s += self.host
-            self.seconds += self.host * self.batch
-        elif self._since is not None:
-            gap = time.perf_counter() - self._since
-            self.host_s += gap
-            if self.host == "measured":
-                self.seconds += gap * self.batch
+            if is_pass:
+                self.host_s += self.host
+                self.seconds += self.host * self.batch
+                self.host_on_clock_s += self.host * self.batch
+        else:
+            self._catch_up()
+
+    def _catch_up(self) -> None:
+        """The loop's time since the engine last returned (or the clock was last read) counted as
+        host time, so that a time the loop reads from the clock holds its own host time so far."""
+        if self._since is None or isinstance(self.host, (int, float)):
+            return
+        now = time.perf_counter()
+        gap, self._since = now - self._since, now
+        self.host_s += gap
+        if self.host == "measured":
+            self.seconds += gap * self.batch
+            self.host_on_clock_s += gap * self.batch
 
     def _feed(self, seq: int, token_ids: Sequence[int]) -> list[int]:
         """Append tokens to seq; the token predicted after each."""

@@ -112,6 +112,9 @@ class ModelledClock(Protocol):
     def clock(self) -> float:
         """The engine's modelled seconds so far."""
 
+    def pass_clock(self) -> float:
+        """The same less any of the loop's own time put on it: the seconds of its calls alone."""
+
 
 class PassTimer:
     """An engine seen through a stopwatch: the wall seconds spent inside its calls (passes,

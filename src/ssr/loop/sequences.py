@@ -23,7 +23,11 @@ class Sequences:
         self.metrics = metrics  # decode_steps, batched_steps counted here
         self.banned_ids = np.asarray(sorted(banned_ids), dtype=np.int64)  # -inf while thinking
         self.ids = ids  # scores come back as token ids, not rows
-        self.now = engine.clock if engine.capabilities.modelled_clock else time.perf_counter  # replay: modelled
+        modelled = engine.capabilities.modelled_clock  # the replay's
+        self.now = engine.clock if modelled else time.perf_counter  # the request's clock
+        # the cost model's: the engine's calls alone (a replay puts the loop's host time on its clock
+        # inside the next call, where a stopwatch around a real call never sees it)
+        self.pass_now = engine.pass_clock if modelled else time.perf_counter
         self.parent = -1  # the parent's sequence (a winning fork's sequence takes its place)
         self.live: set[int] = set()  # every sequence the request holds now
 
@@ -71,11 +75,11 @@ class Sequences:
     def step(self, batch: list[tuple[int, int]], thinking: bool = False) -> np.ndarray:
         """One token fed to each (seq, token) in one pass -> scores [n, vocab] or [n]; solo steps
         teach the cost model."""
-        start = self.now()
+        start = self.pass_now()
         scores = self.engine.step(batch, **self.want(thinking))
         self.metrics.decode_steps += 1
         if len(batch) == 1:
-            self.costs.observe_step(self.now() - start)
+            self.costs.observe_step(self.pass_now() - start)
         else:
             self.metrics.batched_steps += 1
         return scores
@@ -83,9 +87,9 @@ class Sequences:
     def score(self, seq: int, token_ids: list[int], thinking: bool = False) -> np.ndarray:
         """k tokens fed to one sequence in one pass -> scores [k, vocab] or [k], timed for the
         cost model."""
-        start = self.now()
+        start = self.pass_now()
         scores = self.engine.score(seq, token_ids, **self.want(thinking))
-        self.costs.observe_score(len(token_ids), self.now() - start)
+        self.costs.observe_score(len(token_ids), self.pass_now() - start)
         return scores
 
     def score_batch(self, feeds: list[tuple[int, list[int]]], thinking: bool = False) -> list[np.ndarray]:
