@@ -142,6 +142,29 @@ def test_the_plugin_rewrites_method_ssr_and_refuses_what_it_cannot_honour():
             speculative_config(bad)
 
 
+@pytest.mark.parametrize("method, tokens, config", [
+    (None, 8, None),  # no speculation in vLLM's step: the count is not passed on
+    ("suffix", None, {"method": "suffix"}),  # vLLM's own default count
+    ("ngram", 4, {"method": "ngram", "num_speculative_tokens": 4}),
+    ("ssr", None, {"method": "custom_class", "model": DRAFTER, "num_speculative_tokens": 32}),
+    ("ssr", 8, {"method": "custom_class", "model": DRAFTER, "num_speculative_tokens": 8}),
+])
+def test_the_engines_speculative_config_per_method(method, tokens, config):
+    from ssr.engines.vllm import speculative_config_of
+
+    assert speculative_config_of(method, tokens) == config
+
+
+@pytest.mark.parametrize("method, tokens, reason", [("eagle", None, "must be one of ssr, suffix, ngram"),
+                                                     ("ssr", -3, "1..128")])
+def test_the_engine_refuses_a_method_or_count_it_cannot_honour(method, tokens, reason):
+    from ssr.engines.base import EngineError
+    from ssr.engines.vllm import speculative_config_of
+
+    with pytest.raises(EngineError, match=reason):
+        speculative_config_of(method, tokens)
+
+
 @pytest.mark.parametrize("prompt, thinking", [([1, 90, 2], True), ([1, 90, 2, 91, 3], False), ([1, 2], False),
                                               ([90, 91, 90], True)])
 def test_a_request_starts_in_its_cot_when_its_prompt_opens_one(prompt, thinking):

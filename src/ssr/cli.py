@@ -71,7 +71,12 @@ def build_parser() -> argparse.ArgumentParser:
     calib.add_argument("--out", default=None, help="also write the JSON to this file")
 
     add_replay_commands(commands)
+    _add_serve(commands)
+    commands.add_parser("models", help="list the registry models and whether they are installed")
+    return parser
 
+
+def _add_serve(commands) -> None:
     serve = commands.add_parser("serve", help="OpenAI-compatible HTTP server (chat and completions)")
     add_model_arguments(serve)
     add_generation_arguments(serve)
@@ -92,9 +97,6 @@ def build_parser() -> argparse.ArgumentParser:
                        help="append one JSON line per finished request (prompt messages, reasoning, answer, timing, "
                             "speculation) to FILE, the shape `ssr traces` replays; off by default (prompts may be "
                             "private)")
-
-    commands.add_parser("models", help="list the registry models and whether they are installed")
-    return parser
 
 
 def load_model(args: argparse.Namespace):

@@ -9,8 +9,11 @@ HOST_TIME = "the loop's host time on the modelled clock is --host-time (--host i
 
 def add_replay_commands(commands) -> None:
     """`simulate` (bench rows under a cost model) and `traces` (text traces in every mode)."""
-    from ..config import MODE_TABLE, TRACE_MODES
+    _add_simulate(commands)
+    _add_traces(commands)
 
+
+def _add_simulate(commands) -> None:
     sim = commands.add_parser("simulate", help="replay bench traces under a cost model; projected ratios to ar")
     sim.add_argument("--traces", nargs="+", required=True, help="bench folders or JSONL files")
     sim.add_argument("--cost-model", default="gpu",
@@ -41,6 +44,10 @@ def add_replay_commands(commands) -> None:
     sim.add_argument("--host", dest="renamed_host", action=Renamed, now=HOST_TIME)
     sim.add_argument("--json", action="store_true", help="print the table as JSON")
     sim.add_argument("--markdown", action="store_true", help="print the table as markdown")
+
+
+def _add_traces(commands) -> None:
+    from ..config import MODE_TABLE, TRACE_MODES
 
     traces = commands.add_parser(
         "traces", help="replay what reasoning models wrote (trace files, chat-completions logs) in every mode",

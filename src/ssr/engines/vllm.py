@@ -97,6 +97,23 @@ class Request:
 SPECULATIVE_METHODS = (None, "ssr", "suffix", "ngram")  # vLLM's speculation inside its step (None: none)
 
 
+def speculative_config_of(method: str | None, num_tokens: int | None) -> dict | None:
+    """vLLM's speculative_config for --speculative-method (None: no speculation in vLLM's step);
+    "ssr" is ssr's drafter through vLLM's custom_class hook (vllm_drafter.py, vllm_plugin.py)."""
+    if method not in SPECULATIVE_METHODS:
+        raise EngineError(f"--speculative-method must be one of {', '.join(SPECULATIVE_METHODS[1:])}, "
+                          f"got {method!r}")
+    spec = {"method": method, **({"num_speculative_tokens": num_tokens} if num_tokens else {})} if method else None
+    if method == "ssr":
+        from .vllm_plugin import SsrConfigError, speculative_config
+
+        try:
+            return speculative_config(spec)
+        except SsrConfigError as error:
+            raise EngineError(str(error)) from error
+    return spec
+
+
 class VllmEngine:
     capabilities = Capabilities(requests=True)  # driven by loop/vllm_walk.py, not loop/generation.py
 
@@ -131,23 +148,7 @@ class VllmEngine:
         # 32 is the smallest the CPU backend runs unslowed ("prefers multiples of 32", same place)
         if block_size is None and self.on_cpu:
             block_size = 32
-        speculative = None
-        if speculative_method not in SPECULATIVE_METHODS:
-            raise EngineError(f"--speculative-method must be one of {', '.join(SPECULATIVE_METHODS[1:])}, "
-                              f"got {speculative_method!r}")
-        if speculative_method == "ssr":  # ssr's drafter in vLLM's step (vllm_drafter.py): vLLM's custom_class hook
-            from .vllm_plugin import SsrConfigError, speculative_config
-
-            spec = {"method": "ssr", **({"num_speculative_tokens": num_speculative_tokens}
-                                        if num_speculative_tokens else {})}
-            try:
-                speculative = speculative_config(spec)
-            except SsrConfigError as error:
-                raise EngineError(str(error)) from error
-        elif speculative_method:
-            speculative = {"method": speculative_method}
-            if num_speculative_tokens:
-                speculative["num_speculative_tokens"] = num_speculative_tokens
+        speculative = speculative_config_of(speculative_method, num_speculative_tokens)
         args = AsyncEngineArgs(
             model=model, max_model_len=context_size, tensor_parallel_size=tensor_parallel_size,
             pipeline_parallel_size=pipeline_parallel_size, gpu_memory_utilization=gpu_memory_utilization,
@@ -167,6 +168,15 @@ class VllmEngine:
             self._loop.call_soon_threadsafe(self._loop.stop)
             raise EngineError(f"vLLM could not load {model}: {str(error).splitlines()[0] if str(error) else error!r}") \
                 from error
+        self._adopt(model, tokenizer)
+        self._ids = itertools.count(1)
+        self.last_number = 0  # of the latest request id handed out
+        atexit.register(self.close)  # shut vLLM down before the interpreter tears its modules down (a traceback else)
+        if speculative_method == "ssr" and self.on_cpu and not os.environ.get("SSR_DRAFTER_COSTS"):
+            self._price_drafter()
+
+    def _adopt(self, model: str, tokenizer) -> None:
+        """What the loaded engine says of itself: its name, lengths, text side and slots."""
         config = self._llm.model_config
         self.name = model_name(model)
         self.context_size = config.max_model_len
@@ -178,11 +188,6 @@ class VllmEngine:
         # walks a server runs at once: vLLM's running-request limit over the requests one walk
         # holds at once (a parent and a draft child); vLLM's KV limit queues what does not fit
         self.slots = max(1, int(self._llm.vllm_config.scheduler_config.max_num_seqs) // 2)
-        self._ids = itertools.count(1)
-        self.last_number = 0  # of the latest request id handed out
-        atexit.register(self.close)  # shut vLLM down before the interpreter tears its modules down (a traceback else)
-        if speculative_method == "ssr" and self.on_cpu and not os.environ.get("SSR_DRAFTER_COSTS"):
-            self._price_drafter()
 
     def _price_drafter(self) -> None:
         """On a CPU, ssr's drafter prices spans with this machine's vLLM costs (measured once per
