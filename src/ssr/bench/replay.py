@@ -133,7 +133,7 @@ class ReplayEngine:
 
     def pass_clock(self) -> float:
         """The clock less the loop's host time on it: what a stopwatch around each engine call
-        sees (the host time goes on the clock inside the next call, which a real call never holds)."""
+        sees (a figure per pass goes on the clock inside the next call, which a real call never holds)."""
         return self.seconds - self.host_on_clock_s
 
     def tokenize(self, text: str, add_bos: bool = False) -> list[int]:

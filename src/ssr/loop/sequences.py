@@ -25,8 +25,8 @@ class Sequences:
         self.ids = ids  # scores come back as token ids, not rows
         modelled = engine.capabilities.modelled_clock  # the replay's
         self.now = engine.clock if modelled else time.perf_counter  # the request's clock
-        # the cost model's: the engine's calls alone (a replay puts the loop's host time on its clock
-        # inside the next call, where a stopwatch around a real call never sees it)
+        # the cost model's: the engine's calls alone (a replay puts the loop's host time on its clock,
+        # a figure per pass inside the next call, where a stopwatch around a real call never sees it)
         self.pass_now = engine.pass_clock if modelled else time.perf_counter
         self.parent = -1  # the parent's sequence (a winning fork's sequence takes its place)
         self.live: set[int] = set()  # every sequence the request holds now
