@@ -202,8 +202,8 @@ def test_a_requests_setup_is_host_time_too(tmp_path, monkeypatch):
     slowed = replay_trace(tokens, "ssr", GPU, "cold", host="measured")
     # The pause is on the host clock (before, only the time between passes was) ...
     assert slowed["host"]["s"] >= pause and slowed["identical"]
-    # ... and in the request's time: the rest, the modelled part (~1.2 s), stays about what it was
-    # (the loop's choices see the host time, so not exactly); off the clock it would lose the pause.
+    # ... and in the request's time: the rest, the modelled part (~1.2 s), is what it was (the cost
+    # model times the passes alone, so the loop chooses as before); off the clock it would lose the pause.
     modelled = [r["metrics"]["total_s"] - r["host"]["s"] for r in (plain, slowed)]
     assert modelled[1] == pytest.approx(modelled[0], rel=1e-9)
 

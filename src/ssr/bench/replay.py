@@ -118,7 +118,6 @@ class ReplayEngine:
         self.draft = [self.answer[i] if i < len(self.answer) and token == model.answer_ids[i] else token
                       for i, token in enumerate(model.draft_ids)]
         self.seconds = 0.0  # the modelled clock
-        self.host_on_clock_s = 0.0  # the part of it that is the loop's host time (`host`), not passes
         self._prompt_len = len(model.prompt_ids)
         self._forced = model.forced_end_ids + model.answer_prefix_ids  # fed after a forced end
         self._tokens: dict[int, list[int]] = {}  # sequence -> tokens held
@@ -134,7 +133,7 @@ class ReplayEngine:
     def pass_clock(self) -> float:
         """The clock less the loop's host time on it: what a stopwatch around each engine call
         sees (a figure per pass goes on the clock inside the next call, which a real call never holds)."""
-        return self.seconds - self.host_on_clock_s
+        return self.seconds - (self.host_s * self.batch if self.host is not None else 0.0)
 
     def tokenize(self, text: str, add_bos: bool = False) -> list[int]:
         known = {REPLAY_FORMAT.forced_end: self.model.forced_end_ids,
@@ -197,7 +196,6 @@ class ReplayEngine:
             if is_pass:
                 self.host_s += self.host
                 self.seconds += self.host * self.batch
-                self.host_on_clock_s += self.host * self.batch
         else:
             self._catch_up()
 
@@ -211,7 +209,6 @@ class ReplayEngine:
         self.host_s += gap
         if self.host == "measured":
             self.seconds += gap * self.batch
-            self.host_on_clock_s += gap * self.batch
 
     def _feed(self, seq: int, token_ids: Sequence[int]) -> list[int]:
         """Append tokens to seq; the token predicted after each."""
