@@ -150,6 +150,7 @@ class ChainDrafter:
             answer, cot = (max(pair, key=lambda policy: policy.timed_passes) for pair in
                            zip((self.spans, self.cot_spans), self.one_span_policies))
             self.stats.spans.update(answer=dict(answer.stats), cot=dict(cot.stats))
+        self.proposer.end()  # what it borrowed from the history goes back
         return self._output
 
     def _take(self, sampled: Sequence[int]) -> None:

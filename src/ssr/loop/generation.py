@@ -32,7 +32,7 @@ from ..engines.base import tree_passes
 from ..proposing.history import ResponseHistory
 from ..metrics import StageClock
 from ..pricing.drafting import Plan, PolicyStats, plan_request
-from ..proposing.proposers import Proposer, request_proposer
+from ..proposing.proposers import CompetingProposers, Proposer, request_proposer
 from ..pricing.span_policy import SpanPolicy
 from ..formats.thinking import ThinkingFormat
 from .candidates import CandidatePass, Outcome
@@ -120,6 +120,8 @@ class Generation(Walk):
         self.finish(drafts[-1].token_ids if drafts else [], self.costs)
         if self.history is not None:
             self.history.add(self.result.output_ids)
+        if isinstance(proposer, CompetingProposers):  # ssr's: what it borrowed goes back
+            proposer.end()
 
     def _request_proposer(self) -> Proposer | None:
         """The mode's proposer (or the one given), its shape told to the candidate pass."""

@@ -26,6 +26,7 @@ class ResponseHistory:
         self._native: dict[int, object] = {}  # max_depth -> C++ suffix tree over the responses (ssr's source)
         self._native_seqs: list[int] = []  # its sequence ids, oldest first (bounded by requests, as vLLM's)
         self._kept: dict[str, object] = {}  # a peer's own cache across requests (SGLang's trie, llama.cpp's pool)
+        self._idle: dict[str, object] = {}  # a request's index given back at its end, for the next to borrow
         self._markov = None  # markov.EarlierResponses over the responses, made on first use
 
     def add(self, token_ids: Sequence[int]) -> None:
@@ -73,6 +74,17 @@ class ResponseHistory:
         """kept(name, make) made afresh (a cache that outgrew its bound)."""
         self._kept.pop(name, None)
         return self.kept(name, make)
+
+    def borrow(self, name: str):
+        """The index a finished request gave back under this name (a prompt's n-gram index), now
+        the borrower's alone until it gives it back; None if there is none (another request holds
+        it, or none was given)."""
+        return self._idle.pop(name, None)
+
+    def give_back(self, name: str, index) -> None:
+        """A request's end: its index is free for the next request to borrow (the latest kept,
+        as the engine keeps the latest request's KV)."""
+        self._idle[name] = index
 
     def markov(self):
         """The responses as one Markov model (markov.EarlierResponses, bounded by its own token

@@ -84,7 +84,34 @@ class LookupProposer(PromptLookupProposer):
         # tokens observed, not indexed yet: indexed when candidates are asked (a drafter that
         # drafts one span a pass from the suffix tree alone, speculation.Layout.ONE, asks none)
         self._pending: list[int] = []
+        # while marked (`mark`): (map, key, its value before) for every entry indexing changed since,
+        # MISSING where it had none, oldest first; `rewind` puts them back (None: not marked)
+        self._journal: list[tuple[dict, object, object]] | None = None
+        self._saved: set[tuple[int, object]] = set()  # (id(ways or skips), key) whose copy is journaled since the mark
+        self._marked: tuple[int, list, list[int]] = (0, [], [])  # at the mark: tokens, _before, frequent.top
         super().__init__(seed, max_ngram, num_tokens, min_ngram=1)
+        self.settings = (max_ngram, num_tokens, others, frequent, skips)  # what a kept index must match (reused)
+
+    def mark(self) -> None:
+        """Index what is pending and remember this state: `rewind` comes back to it (a prompt's
+        index kept for the conversation's next turn, whose prompt starts with this one)."""
+        self._journal = None  # (what is pending now belongs to the marked state)
+        self._index()
+        self._journal, self._saved = [], set()
+        self._marked = (len(self._tokens), list(self._before), list(self.frequent.top))
+
+    def rewind(self) -> None:
+        """Back to the state at `mark`, as if nothing after it had been observed (the journal's
+        entries undone newest first; the maps' order of keys may differ, which no lookup reads)."""
+        for table, key, value in reversed(self._journal or []):
+            if value is MISSING:
+                del table[key]
+            else:
+                table[key] = value
+        length, before, top = self._marked
+        del self._tokens[length:]
+        self._before[:], self.frequent.top[:] = before, top
+        self._pending, self._journal, self._saved = [], [], set()
 
     @property
     def tokens(self) -> list[int]:
@@ -101,7 +128,41 @@ class LookupProposer(PromptLookupProposer):
         self._pending.extend(token_ids)
 
     def _index(self) -> None:
-        """The pending tokens indexed, in order (the same maps as indexing each when observed)."""
+        """The pending tokens indexed, in order (the same maps as indexing each when observed);
+        while marked, each token's entries journaled first."""
+        if self._journal is not None:
+            pending, self._pending = self._pending, []
+            for token in pending:
+                self._remember(token)
+                self._pending = [token]
+                self._index_pending()
+            return
+        self._index_pending()
+
+    def _remember(self, token: int) -> None:
+        """Journal the entries that indexing `token` next will change, as they are now."""
+        journal, tokens, end = self._journal, self._tokens, len(self._tokens) + 1
+        window = tokens[-self.max_ngram:] + [token]  # the context's last tokens, `token` the last
+        for size in range(1, min(self.max_ngram, end) + 1):
+            gram = tuple(window[-size:])
+            journal.append((self._latest, gram, self._latest.get(gram, MISSING)))
+            if gram not in self._first:
+                journal.append((self._first, gram, MISSING))
+            if self.others and end > size:
+                self._save(self._ways, tuple(window[-1 - size:-1]))
+        if self.skips and end > 2:
+            self._save(self._skips, tokens[-2])
+        if self.frequent.size:
+            journal.append((self.frequent.counts, token, self.frequent.counts.get(token, MISSING)))
+
+    def _save(self, table: dict, key) -> None:
+        """Journal a copy of table[key] (ways, skips: the order of its tokens is read) the first
+        time it changes since the mark: a common token's may hold thousands."""
+        if (id(table), key) not in self._saved:
+            self._saved.add((id(table), key))
+            self._journal.append((table, key, dict(table[key]) if key in table else MISSING))
+
+    def _index_pending(self) -> None:
         pending, self._pending = self._pending, []
         tokens, first, latest, before, ways = self._tokens, self._first, self._latest, self._before, self._ways
         for token in pending:
@@ -188,6 +249,7 @@ class LookupProposer(PromptLookupProposer):
 
 
 SKIP = Source.of("skip")
+MISSING = object()  # a journaled entry that was not there
 
 
 class FrequentTokens:

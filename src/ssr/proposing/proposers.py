@@ -72,9 +72,17 @@ class CompetingProposers:
     shape = CHAIN
     implementation = None  # not said: its sources are several
 
-    def __init__(self, proposers: dict[str, Proposer], realigner: Realigner | None = None) -> None:
+    def __init__(self, proposers: dict[str, Proposer], realigner: Realigner | None = None,
+                 borrowed: Sequence[tuple[ResponseHistory, str, object]] = ()) -> None:
         self.proposers = proposers  # name -> proposer (each names its candidates' sources)
         self.realigner = realigner  # realign.Realigner: copies realigned after the model changed them (None: not)
+        self.borrowed = list(borrowed)  # (history, name, index) borrowed for this request, given back at its end
+
+    def end(self) -> None:
+        """The request is over: what it borrowed goes back to its history (once)."""
+        for history, name, index in self.borrowed:
+            history.give_back(name, index)
+        self.borrowed = []
 
     def observe(self, token_ids: Sequence[int]) -> None:
         for proposer in self.proposers.values():
@@ -274,6 +282,44 @@ def escaped_suffix(params: SuffixParams, prompt_ids: Sequence[int], views: Seque
     return proposer
 
 
+LOOKUP_INDEX = "ssr-lookup"  # the history's name for the n-gram index a request gives back
+# the prompt's last tokens left out of the index kept for the next turn: turn N renders turn N - 1's
+# generation prompt otherwise (on policy_model's conversations 3 tokens from the end; a turn that
+# ended elsewhere indexes its whole prompt again)
+KEPT_TAIL = 16
+
+
+def prompt_lookup(prompt_ids: Sequence[int], settings: tuple, history: ResponseHistory | None):
+    """n-gram lookup (LookupProposer with these settings) over the prompt. In a deployment the
+    index is marked KEPT_TAIL tokens before the prompt's end and given back at the request's end;
+    where the next prompt starts with the marked part (turn N of a conversation holds turn N - 1's
+    prompt, its last tokens maybe rendered otherwise: the assistant turn's opening), that index
+    is rewound to the mark and only the rest is indexed: the same maps as indexing the whole
+    prompt (tests/test_lookup_kept.py), without re-reading a conversation of up to 100,000
+    tokens at every turn."""
+    from .lookup import LookupProposer  # (it imports this module)
+
+    kept = history.borrow(LOOKUP_INDEX) if history is not None else None
+    if kept is not None and kept.settings == settings:
+        kept.rewind()
+        start = len(kept.tokens)
+        if start <= len(prompt_ids) and kept.tokens == list(prompt_ids[:start]):
+            return _marked(kept, prompt_ids, start)
+    if history is None:
+        return LookupProposer(prompt_ids, *settings)
+    return _marked(LookupProposer((), *settings), prompt_ids, 0)
+
+
+def _marked(lookup, prompt_ids: Sequence[int], start: int):
+    """`lookup` (its tokens the prompt's first `start`) given the rest of the prompt, marked
+    KEPT_TAIL tokens before its end."""
+    mark = max(start, len(prompt_ids) - KEPT_TAIL)
+    lookup.observe(prompt_ids[start:mark])
+    lookup.mark()
+    lookup.observe(prompt_ids[mark:])
+    return lookup
+
+
 def request_proposer(config, extend_prob: float | None, prompt_ids: Sequence[int],
                      history: ResponseHistory | None, several: bool = False, wide: bool = False,
                      trie: bool = False, views: Sequence[Sequence[int]] = (), lookup: bool = True) -> Proposer | None:
@@ -295,10 +341,16 @@ def request_proposer(config, extend_prob: float | None, prompt_ids: Sequence[int
         params = config.suffix
         chain = wide and not trie  # one chain a pass (docs/chain.md)
         parts = {"suffix": ssr_suffix(params, prompt_ids, history, extend_prob, ALTERNATIVES if several else 0)}
+        borrowed = []
         if lookup:
-            seed = prompt_ids[-CHAIN_LOOKUP_PROMPT:] if chain else prompt_ids
-            parts["lookup"] = LookupProposer(seed, 3, params.max_span, OTHER_WAYS if trie else 0,
-                                             FREQUENT_TREE if trie else 0, SKIPS if trie else 0)
+            settings = (3, params.max_span, OTHER_WAYS if trie else 0, FREQUENT_TREE if trie else 0,
+                        SKIPS if trie else 0)
+            if chain:  # a window of the prompt's end, which the next turn's does not start with
+                parts["lookup"] = LookupProposer(prompt_ids[-CHAIN_LOOKUP_PROMPT:], *settings)
+            else:
+                parts["lookup"] = prompt_lookup(prompt_ids, settings, history)
+                if history is not None:
+                    borrowed.append((history, LOOKUP_INDEX, parts["lookup"]))
         if trie:
             parts["trie"] = TrieProposer(prompt_ids, history)
         if views:
@@ -307,7 +359,7 @@ def request_proposer(config, extend_prob: float | None, prompt_ids: Sequence[int
             from .markov import MarkovProposer
 
             parts["markov"] = MarkovProposer(prompt_ids, history)
-        return CompetingProposers(parts, Realigner() if wide else None)
+        return CompetingProposers(parts, Realigner() if wide else None, borrowed)
     if kind == "suffix":
         return suffix_peer(prompt_ids, history)
     if kind == "pld":

@@ -1,0 +1,101 @@
+"""A prompt's n-gram index kept for the conversation's next turn (LookupProposer.mark / rewind,
+proposers.prompt_lookup): rewound and extended, it holds the same maps and offers the same
+candidates as an index of the whole prompt made afresh, checked on random token streams."""
+import random
+
+import pytest
+
+from ssr.config import GenerationConfig, SuffixParams
+from ssr.proposing.history import ResponseHistory
+from ssr.proposing.lookup import LookupProposer
+from ssr.proposing.proposers import KEPT_TAIL, LOOKUP_INDEX, prompt_lookup, request_proposer
+
+SETTINGS = [(3, 8, 0, 0, 0), (3, 8, 8, 32, 2), (2, 5, 4, 8, 1)]  # (max_ngram, num_tokens, others, frequent, skips)
+
+
+def state(lookup: LookupProposer) -> tuple:
+    """Everything its candidates read, the order of each n-gram's ways and skips included."""
+    return (list(lookup.tokens), dict(lookup._first), dict(lookup._latest), list(lookup._before),
+            {key: list(went.items()) for key, went in lookup._ways.items()},
+            {key: list(went.items()) for key, went in lookup._skips.items()},
+            dict(lookup.frequent.counts), list(lookup.frequent.top))
+
+
+def stream(rng: random.Random, length: int, vocab: int) -> list[int]:
+    return [rng.randrange(vocab) for _ in range(length)]
+
+
+@pytest.mark.parametrize("settings", SETTINGS)
+@pytest.mark.parametrize("seed", range(12))
+def test_a_rewound_index_extended_is_the_whole_prompts_index(settings, seed):
+    rng = random.Random(seed)
+    vocab = rng.choice([3, 6, 20])
+    first = stream(rng, rng.randrange(0, 60), vocab)
+    kept = LookupProposer(first, *settings)
+    kept.mark()
+    marked = state(kept)
+    for _ in range(rng.randrange(1, 6)):  # the first turn's output, observed in pieces, candidates asked between
+        kept.observe(stream(rng, rng.randrange(1, 15), vocab))
+        kept.candidates(8)
+    kept.rewind()
+    assert state(kept) == marked
+    second = first + stream(rng, rng.randrange(0, 60), vocab)  # the next turn's prompt starts with the first's
+    kept.observe(second[len(first):])
+    kept.mark()
+    fresh = LookupProposer(second, *settings)
+    assert state(kept) == state(fresh)
+    for _ in range(8):  # the second turn's output: the same candidates every pass
+        tokens = stream(rng, rng.randrange(1, 4), vocab)
+        kept.observe(tokens)
+        fresh.observe(tokens)
+        assert kept.candidates(8) == fresh.candidates(8)
+    assert state(kept) == state(fresh)
+
+
+def test_a_conversations_next_turn_borrows_the_index_and_gives_it_back():
+    rng, history, settings = random.Random(7), ResponseHistory(), SETTINGS[1]
+    prompt = stream(rng, KEPT_TAIL + 30, 6)
+    lookup = prompt_lookup(prompt, settings, history)
+    assert state(lookup) == state(LookupProposer(prompt, *settings))
+    lookup.observe([1, 2, 3, 9])
+    assert history.borrow(LOOKUP_INDEX) is None  # not given back yet: no other request may rewind it
+    history.give_back(LOOKUP_INDEX, lookup)
+    # the next turn renders the last 3 tokens of this one's prompt otherwise (its assistant turn's opening)
+    turn_2 = prompt[:-3] + stream(rng, 40, 6)
+    again = prompt_lookup(turn_2, settings, history)
+    assert again is lookup and state(again) == state(LookupProposer(turn_2, *settings))
+    history.give_back(LOOKUP_INDEX, again)
+    other = [5] + turn_2  # another conversation: made afresh
+    assert prompt_lookup(other, settings, history) is not lookup
+    assert history.borrow(LOOKUP_INDEX) is None  # (and `lookup` was dropped: its maps were rewound for nothing)
+    history.give_back(LOOKUP_INDEX, prompt_lookup(other, settings, history))
+    assert prompt_lookup(other, (3, 9, 0, 0, 0), history).settings == (3, 9, 0, 0, 0)  # other settings: afresh
+
+
+def test_ssrs_request_proposer_gives_its_index_back_at_the_end():
+    history = ResponseHistory()
+    config = GenerationConfig(mode="ssr", suffix=SuffixParams())
+    proposer = request_proposer(config, None, [5, 6, 7, 5, 6], history, several=True, wide=True, trie=True)
+    lookup = proposer.proposers["lookup"]
+    proposer.end()
+    proposer.end()  # once only
+    assert history.borrow(LOOKUP_INDEX) is lookup and history.borrow(LOOKUP_INDEX) is None
+    chain = request_proposer(config, None, [5, 6, 7, 5, 6], history, several=True, wide=True)
+    assert chain.borrowed == []  # one chain looks up a window of the prompt's end: nothing to keep
+
+
+def test_a_conversations_next_turn_through_the_loop_keeps_the_index_and_its_output():
+    from ssr.engines.fake import FakeEngine
+    from ssr.formats.thinking import FORMATS
+    from ssr.loop import Generation
+
+    prompt = [ord(c) for c in "Please complete the class Stack, and then the class Queue."]
+    config, history = GenerationConfig(mode="ssr", thinking_budget=80, max_tokens=60), ResponseHistory()
+    first = Generation(FakeEngine(), FORMATS["code"], config, prompt, history=history).run()
+    kept = history.borrow(LOOKUP_INDEX)
+    assert kept is not None
+    history.give_back(LOOKUP_INDEX, kept)
+    turn_2 = prompt + first.output_ids + prompt  # the conversation so far, then the user again
+    second = Generation(FakeEngine(), FORMATS["code"], config, turn_2, history=history).run()
+    assert history.borrow(LOOKUP_INDEX) is kept  # borrowed, rewound, extended, given back
+    assert second.output_ids == Generation(FakeEngine(), FORMATS["code"], config, turn_2).run().output_ids
