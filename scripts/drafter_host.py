@@ -15,13 +15,11 @@ import argparse
 import statistics
 import sys
 import time
-from pathlib import Path
 
-from ssr.bench.parsers import DEFAULT_MODEL
-from ssr.bench.traces import load_traces, tokenize_trace
+from ssr.bench.traces import tokenized_traces
+from ssr.config import ConfigError
 from ssr.engines.vllm_drafter import ChainDrafter, replay_chains
 from ssr.engines.vllm_plugin import DEFAULT_TOKENS
-from ssr.engines.vocab import load_vocab
 from ssr.loop.speculation import per_step_layout
 from ssr.pricing.costs import CostModel, gpu_preset
 
@@ -31,12 +29,11 @@ def main() -> int:
     parser.add_argument("files", nargs="+")
     parser.add_argument("--limit", type=int, default=5, help="traces per (set, model) group")
     args = parser.parse_args()
-    missing = [f for f in args.files if not Path(f).is_file()]
-    if missing:
-        print(f"no such trace file: {', '.join(missing)}", file=sys.stderr)
+    try:
+        traces = tokenized_traces(args.files, limit=args.limit)
+    except ConfigError as error:
+        print(f"drafter_host: {error}", file=sys.stderr)
         return 2
-    vocab = load_vocab(DEFAULT_MODEL)
-    traces = [tokenize_trace(t, vocab) for t in load_traces([Path(f) for f in args.files], limit=args.limit)]
     max_span = DEFAULT_TOKENS  # the drafter's chains at most (num_speculative_tokens unset)
     for batch in (1, 32):
         costs = CostModel(table=gpu_preset().at_batch(batch))

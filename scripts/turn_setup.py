@@ -13,12 +13,9 @@ import argparse
 import statistics
 import sys
 import time
-from pathlib import Path
 
-from ssr.bench.parsers import DEFAULT_MODEL
-from ssr.bench.traces import load_traces, tokenize_trace
-from ssr.config import GenerationConfig
-from ssr.engines.vocab import load_vocab
+from ssr.bench.traces import tokenized_traces
+from ssr.config import ConfigError, GenerationConfig
 from ssr.proposing.history import ResponseHistory
 from ssr.proposing.proposers import LOOKUP_INDEX, request_proposer
 
@@ -47,19 +44,18 @@ def main() -> int:
     parser.add_argument("--group", action="append", dest="groups", help="only groups holding this text")
     parser.add_argument("--tasks", type=int, default=1, help="per group, every turn of the first N tasks")
     args = parser.parse_args()
-    missing = [f for f in args.files if not Path(f).is_file()]
-    if missing:
-        print(f"no such trace file: {', '.join(missing)}", file=sys.stderr)
+    try:
+        turns = tokenized_traces(args.files, groups=args.groups, tasks=args.tasks)
+    except ConfigError as error:
+        print(f"turn_setup: {error}", file=sys.stderr)
         return 2
-    vocab = load_vocab(DEFAULT_MODEL)
-    turns = [tokenize_trace(t, vocab) for t in load_traces([Path(f) for f in args.files], None, args.groups,
-                                                             args.tasks)]
     config, kept, afresh = GenerationConfig(mode="ssr"), ResponseHistory(), ResponseHistory()
     rows = []  # (prompt tokens, ms kept, ms afresh)
-    for turn in turns:
+    for number, turn in enumerate(turns):
         output = list(turn.cot_ids) + list(turn.answer_ids)
-        rows.append((len(turn.prompt_ids), setup_ms(config, turn.prompt_ids, output, kept, True),
-                     setup_ms(config, turn.prompt_ids, output, afresh, False)))
+        sides = [(kept, True), (afresh, False)][:: 1 if number % 2 else -1]  # each side first every other turn
+        took = {keep: setup_ms(config, turn.prompt_ids, output, history, keep) for history, keep in sides}
+        rows.append((len(turn.prompt_ids), took[True], took[False]))
     for low, high in zip(BANDS, BANDS[1:] + (None,)):
         band = [row for row in rows if row[0] >= low and (high is None or row[0] < high)]
         if band:

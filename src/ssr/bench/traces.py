@@ -206,3 +206,14 @@ def load_traces(paths: list[Path], limit: int | None = None, groups: list[str] |
     if not kept:
         raise ConfigError("no traces to replay" + (f" in groups matching {', '.join(groups)}" if groups else ""))
     return kept
+
+
+def tokenized_traces(files: list[str], limit: int | None = None, groups: list[str] | None = None,
+                     tasks: int | None = None) -> list[TokenTrace]:
+    """load_traces of these files (ConfigError for a missing one), each tokenized with the default
+    model's vocabulary, as `ssr traces` does: the input of the measuring scripts."""
+    from ..engines.vocab import load_vocab
+    from ..models import DEFAULT_MODEL
+
+    vocab = load_vocab(DEFAULT_MODEL)
+    return [tokenize_trace(trace, vocab) for trace in load_traces([Path(f) for f in files], limit, groups, tasks)]
