@@ -30,13 +30,17 @@ def stream(rng: random.Random, length: int, vocab: int) -> list[int]:
 def test_a_rewound_index_extended_is_the_whole_prompts_index(settings, seed):
     rng = random.Random(seed)
     vocab = rng.choice([3, 6, 20])
-    first = stream(rng, rng.randrange(0, 60), vocab)
+    first = stream(rng, rng.randrange(0, 70), vocab)
     kept = LookupProposer(first, *settings)
     kept.mark()
     marked = state(kept)
     for _ in range(rng.randrange(1, 6)):  # the first turn's output, observed in pieces, candidates asked between
         kept.observe(stream(rng, rng.randrange(1, 15), vocab))
         kept.candidates(8)
+    if len(kept.tokens) > 2 * len(first):  # more output than prompt: the journal stopped, nothing to rewind to
+        assert kept.marked is None
+        return
+    assert kept.marked == len(first)
     kept.rewind()
     assert state(kept) == marked
     second = first + stream(rng, rng.randrange(0, 60), vocab)  # the next turn's prompt starts with the first's
@@ -72,6 +76,21 @@ def test_a_conversations_next_turn_borrows_the_index_and_gives_it_back():
     assert prompt_lookup(other, (3, 9, 0, 0, 0), history).settings == (3, 9, 0, 0, 0)  # other settings: afresh
 
 
+def test_an_output_longer_than_its_prompt_stops_the_journal_and_is_not_kept():
+    history, settings = ResponseHistory(), SETTINGS[1]
+    prompt = list(range(KEPT_TAIL + 40))
+    lookup = prompt_lookup(prompt, settings, history)
+    lookup.observe(list(range(24)))
+    lookup.candidates(4)
+    assert lookup.marked == 40  # the tail's 16 + 24 since the mark: not more than the 40 it holds
+    lookup.observe([7] * 10)
+    lookup.candidates(4)
+    assert lookup.marked is None and lookup._journal is None
+    history.give_back(LOOKUP_INDEX, lookup)
+    again = prompt_lookup(prompt + [1, 2], settings, history)
+    assert again is not lookup and state(again) == state(LookupProposer(prompt + [1, 2], *settings))
+
+
 def test_ssrs_request_proposer_gives_its_index_back_at_the_end():
     history = ResponseHistory()
     config = GenerationConfig(mode="ssr", suffix=SuffixParams())
@@ -89,7 +108,7 @@ def test_a_conversations_next_turn_through_the_loop_keeps_the_index_and_its_outp
     from ssr.formats.thinking import FORMATS
     from ssr.loop import Generation
 
-    prompt = [ord(c) for c in "Please complete the class Stack, and then the class Queue."]
+    prompt = [ord(c) for c in "Please complete the class Stack, and then the class Queue. " * 4]
     config, history = GenerationConfig(mode="ssr", thinking_budget=80, max_tokens=60), ResponseHistory()
     first = Generation(FakeEngine(), FORMATS["code"], config, prompt, history=history).run()
     kept = history.borrow(LOOKUP_INDEX)

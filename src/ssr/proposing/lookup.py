@@ -100,12 +100,20 @@ class LookupProposer(PromptLookupProposer):
         self._journal, self._saved = [], set()
         self._marked = (len(self._tokens), list(self._before), list(self.frequent.top))
 
+    @property
+    def marked(self) -> int | None:
+        """Tokens at the mark; None where there is none to rewind to: never marked, or more was
+        observed since than the mark holds (journaling and rewinding it then cost more than
+        indexing the prompt again, and the journal stopped: `_index`)."""
+        return self._marked[0] if self._journal is not None else None
+
     def rewind(self) -> None:
-        """Back to the state at `mark`, as if nothing after it had been observed (the journal's
-        entries undone newest first; the maps' order of keys may differ, which no lookup reads)."""
-        for table, key, value in reversed(self._journal or []):
+        """Back to the state at `mark` (`marked` not None), as if nothing after it had been observed
+        (the journal's entries undone newest first; the maps' order of keys may differ, which no
+        lookup reads)."""
+        for table, key, value in reversed(self._journal):
             if value is MISSING:
-                del table[key]
+                table.pop(key, None)  # (a key new twice in one journaled batch)
             else:
                 table[key] = value
         length, before, top = self._marked
@@ -129,31 +137,35 @@ class LookupProposer(PromptLookupProposer):
 
     def _index(self) -> None:
         """The pending tokens indexed, in order (the same maps as indexing each when observed);
-        while marked, each token's entries journaled first."""
-        if self._journal is not None:
-            pending, self._pending = self._pending, []
-            for token in pending:
-                self._remember(token)
-                self._pending = [token]
-                self._index_pending()
-            return
+        while marked, the entries they change journaled first, until more was observed since
+        the mark than it holds."""
+        if self._journal is not None and self._pending:
+            if len(self._tokens) + len(self._pending) > 2 * self._marked[0]:
+                self._journal, self._saved = None, set()  # no longer worth keeping: `marked` is None
+            else:
+                self._remember(self._pending)
         self._index_pending()
 
-    def _remember(self, token: int) -> None:
-        """Journal the entries that indexing `token` next will change, as they are now."""
-        journal, tokens, end = self._journal, self._tokens, len(self._tokens) + 1
-        window = tokens[-self.max_ngram:] + [token]  # the context's last tokens, `token` the last
-        for size in range(1, min(self.max_ngram, end) + 1):
-            gram = tuple(window[-size:])
-            journal.append((self._latest, gram, self._latest.get(gram, MISSING)))
-            if gram not in self._first:
-                journal.append((self._first, gram, MISSING))
-            if self.others and end > size:
-                self._save(self._ways, tuple(window[-1 - size:-1]))
-        if self.skips and end > 2:
-            self._save(self._skips, tokens[-2])
-        if self.frequent.size:
-            journal.append((self.frequent.counts, token, self.frequent.counts.get(token, MISSING)))
+    def _remember(self, pending: list[int]) -> None:
+        """Journal the entries that indexing `pending` will change, as they are before it (which
+        entries is the tokens' own business: known before any is indexed)."""
+        journal, latest, first, counts, n = self._journal, self._latest, self._first, self.frequent.counts, self.max_ngram
+        indexed = len(self._tokens)
+        tokens = self._tokens[-(n + 2):] + pending  # the context's last tokens, then the pending ones
+        offset = len(tokens) - len(pending)  # where the pending ones start in it
+        for at in range(offset, len(tokens)):
+            end = indexed + at - offset + 1  # tokens indexed once this one is
+            for size in range(1, min(n, end) + 1):
+                gram = tuple(tokens[at + 1 - size: at + 1])
+                journal.append((latest, gram, latest.get(gram, MISSING)))
+                if gram not in first:
+                    journal.append((first, gram, MISSING))
+                if self.others and end > size:
+                    self._save(self._ways, tuple(tokens[at - size: at]))
+            if self.skips and end > 2:
+                self._save(self._skips, tokens[at - 2])
+            if self.frequent.size:
+                journal.append((counts, tokens[at], counts.get(tokens[at], MISSING)))
 
     def _save(self, table: dict, key) -> None:
         """Journal a copy of table[key] (ways, skips: the order of its tokens is read) the first
