@@ -118,3 +118,15 @@ def test_a_conversations_next_turn_through_the_loop_keeps_the_index_and_its_outp
     second = Generation(FakeEngine(), FORMATS["code"], config, turn_2, history=history).run()
     assert history.borrow(LOOKUP_INDEX) is kept  # borrowed, rewound, extended, given back
     assert second.output_ids == Generation(FakeEngine(), FORMATS["code"], config, turn_2).run().output_ids
+
+
+def test_an_index_given_back_with_output_not_yet_indexed_is_rewound_without_indexing_it():
+    history, settings = ResponseHistory(), SETTINGS[1]
+    prompt = list(range(KEPT_TAIL + 40))
+    lookup = prompt_lookup(prompt, settings, history)
+    lookup.observe(list(range(20)))
+    lookup.candidates(4)  # 36 journaled since the mark: within the 40 it holds
+    lookup.observe([7] * 10)  # observed, not indexed: indexing it would stop the journal
+    history.give_back(LOOKUP_INDEX, lookup)
+    again = prompt_lookup(prompt + [1, 2], settings, history)
+    assert again is lookup and state(again) == state(LookupProposer(prompt + [1, 2], *settings))

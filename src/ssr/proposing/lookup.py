@@ -107,6 +107,16 @@ class LookupProposer(PromptLookupProposer):
         indexing the prompt again, and the journal stopped: `_index`)."""
         return self._marked[0] if self._journal is not None else None
 
+    def rewound_for(self, prompt_ids: Sequence[int]) -> int | None:
+        """Where `prompt_ids` starts with the marked tokens: rewound to the mark, their number;
+        else None, left as it is. The tokens observed since and not indexed yet are dropped, not
+        indexed (which could stop the journal)."""
+        length = self.marked
+        if length is None or length > len(prompt_ids) or self._tokens[:length] != list(prompt_ids[:length]):
+            return None
+        self.rewind()
+        return length
+
     def rewind(self) -> None:
         """Back to the state at `mark` (`marked` not None), as if nothing after it had been observed
         (the journal's entries undone newest first; the maps' order of keys may differ, which no

@@ -300,10 +300,8 @@ def prompt_lookup(prompt_ids: Sequence[int], settings: tuple, history: ResponseH
     from .lookup import LookupProposer  # (it imports this module)
 
     kept = history.borrow(LOOKUP_INDEX) if history is not None else None
-    start = kept.marked if kept is not None and kept.settings == settings else None
-    # (the marked tokens are the index's first: the output went after them)
-    if start is not None and start <= len(prompt_ids) and kept.tokens[:start] == list(prompt_ids[:start]):
-        kept.rewind()
+    start = kept.rewound_for(prompt_ids) if kept is not None and kept.settings == settings else None
+    if start is not None:
         return _marked(kept, prompt_ids, start)
     if history is None:
         return LookupProposer(prompt_ids, *settings)
