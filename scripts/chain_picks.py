@@ -20,15 +20,12 @@ import argparse
 import math
 import sys
 from collections import Counter, defaultdict
-from pathlib import Path
 
 import numpy as np
 
-from ssr.bench.parsers import DEFAULT_MODEL
 from ssr.config import ConfigError
 from ssr.bench.trace_replay import CostSetting, replay_trace
-from ssr.bench.traces import load_traces, tokenize_trace
-from ssr.engines.vocab import load_vocab
+from ssr.bench.traces import tokenized_traces
 from ssr.loop.candidates import CandidatePass
 from ssr.pricing.costs import gpu_preset
 from ssr.pricing.drafting import PolicyStats
@@ -137,19 +134,17 @@ def main() -> int:
     parser.add_argument("--orders", choices=("cold", "deployment"), default="cold")
     args = parser.parse_args()
     try:
-        traces = load_traces([Path(f) for f in args.files], limit=args.limit)
+        traces = tokenized_traces(args.files, limit=args.limit)
     except ConfigError as error:
         print(f"chain_picks: {error}", file=sys.stderr)
         return 2
-    vocab = load_vocab(DEFAULT_MODEL)
     deployed = args.orders == "deployment"
     rows: dict[str, list] = defaultdict(list)  # group -> (features, right, picked, pass id)
     accepted: dict[str, Counter] = defaultdict(Counter)  # group -> passes, tokens the pick / best took
     depths = Counter()  # (what, k): over every candidate k tokens long or more, where the text goes that far
     histories, learnt = defaultdict(ResponseHistory), defaultdict(PolicyStats)
-    for trace in traces:
-        tokens = tokenize_trace(trace, vocab)
-        group = trace.group
+    for tokens in traces:
+        group = tokens.trace.group
         passes = record(tokens, args.orders, histories[group] if deployed else None,
                         learnt[group] if deployed else PolicyStats())
         output = tokens.cot_ids + tokens.answer_ids
@@ -168,7 +163,7 @@ def main() -> int:
                     depths["reached", k] += right >= k - 1  # its first k - 1 tokens right
         for row, right, picked, index in features(passes, tokens.prompt_ids + output, len(tokens.prompt_ids)):
             rows[group].append((row, right, picked, first_id + index))
-        print(f"{group}: {trace.item}, {len(passes)} passes", file=sys.stderr)
+        print(f"{group}: {tokens.trace.item}, {len(passes)} passes", file=sys.stderr)
     report(rows, accepted)
     depth_report(depths)
     return 0

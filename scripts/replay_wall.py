@@ -19,15 +19,10 @@ from pathlib import Path
 
 
 def dump(out: str, files: list[str], limit: int) -> None:
-    from ssr.bench.traces import load_traces, tokenize_trace
-    from ssr.engines.vocab import load_vocab
+    from ssr.bench.traces import tokenized_traces
 
-    vocab = load_vocab("qwen2.5-coder-0.5b")
-    rows = []
-    for trace in load_traces([Path(f) for f in files], limit=limit):
-        tokens = tokenize_trace(trace, vocab)
-        rows.append({"group": trace.group, "prompt_ids": tokens.prompt_ids, "cot_ids": tokens.cot_ids,
-                     "answer_ids": tokens.answer_ids})
+    rows = [{"group": tokens.trace.group, "prompt_ids": tokens.prompt_ids, "cot_ids": tokens.cot_ids,
+             "answer_ids": tokens.answer_ids} for tokens in tokenized_traces(files, limit=limit)]
     Path(out).write_text(json.dumps(rows))
     print(f"{len(rows)} traces, {sum(len(r['cot_ids']) + len(r['answer_ids']) for r in rows)} output tokens -> {out}")
 
