@@ -65,6 +65,9 @@ def test_pass_prices_are_kept_only_while_the_cost_model_prices_as_it_did():
     policy = SpanPolicy(costs)
     first = policy._prices(8)
     assert policy._prices(8)[0] is first[0]  # kept, not priced again
+    assert policy._prices(5)[0] is first[0]  # a shorter span: the longer list serves
+    longer = policy._prices(20)
+    assert longer[0] == costs.costs(20) and longer[0][:8] == first[0]  # a longer one: priced anew
     costs.observe_step(2 * costs.table.step(1))  # a slower step learnt: drift
     assert policy._prices(8)[0] == costs.costs(8) != first[0]
     policy.costs = copy(costs, table=gpu_preset(0.03))
@@ -76,18 +79,27 @@ def test_a_lone_candidate_is_cut_as_best_span_cuts_it():
     acceptance curves and costs; [] where no length pays; the guard's skip only where one does."""
     import random
 
+    from ssr.pricing.acceptance import AcceptanceStats
     from ssr.pricing.span_policy import SpanPolicy, best_span
 
+    from ssr.pricing.costs import gpu_preset
+
     rng, source = random.Random(7), Source.of("lookup", 2)
+    tables = (None, gpu_preset(), gpu_preset(0.03))
     for _ in range(200):
-        costs = CostModel(step_s=0.01, token_s=rng.choice((0.0001, 0.002, 0.006)))
+        table = rng.choice(tables)
+        costs = CostModel(step_s=0.01, token_s=rng.choice((0.0001, 0.002, 0.006)), table=table)
         policy = SpanPolicy(costs)
         for _ in range(rng.randrange(12)):
             proposed = rng.randrange(1, 9)
             policy.observe(proposed, rng.randrange(proposed + 1), source=source)
-        span = [rng.randrange(50) for _ in range(rng.randrange(1, 17))]
-        length = best_span(policy.stats[source].probs(len(span)), costs)[0]
-        assert policy.choose_many([(source, span)], 1) == ([(source, span[:length])] if length else [])
+        for _ in range(4):  # spans of several lengths in a row: the pass prices kept, longer than asked
+            span = [rng.randrange(50) for _ in range(rng.randrange(1, 40))]
+            length = best_span(policy.stats[source].probs(len(span)), costs)[0]
+            assert policy.choose_many([(source, span)], 1) == ([(source, span[:length])] if length else [])
+    never = SpanPolicy(CostModel(step_s=0.01, token_s=0.0))  # every length ties with a plain step
+    never.stats[source] = AcceptanceStats(prior_first=0.0)  # S(k) = 0: the first of equals, a plain step
+    assert never.choose_many([(source, [1, 2, 3])], 1) == []
     losing = SpanPolicy(CostModel(step_s=0.01, token_s=0.0001))
     losing.gain_s, losing.timed_passes = -1.0, SpanPolicy.min_passes
     kept = [losing.choose_many([(source, [1, 2, 3])], 1) for _ in range(SpanPolicy.explore_every)]

@@ -103,7 +103,8 @@ class CandidatePass:
         if self.speculation.layout is Layout.TREE and self._as_tree(self.children.alive):  # one tree on the parent
             chosen = policy.choose_many(found, most, tree=True)
         else:
-            chosen = policy.choose_many(found, min(most, 1 + max(0, self.seqs.free())), guard=not per_step)
+            room_for = 1 if most == 1 else min(most, 1 + max(0, self.seqs.free()))  # the parent, its forks
+            chosen = policy.choose_many(found, room_for, guard=not per_step)
         if policy.one_chain:  # the candidates it left out, to be judged against what the pass commits
             self._unverified = left_out(found, chosen)
         return chosen

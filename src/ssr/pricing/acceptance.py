@@ -2,6 +2,7 @@
 the span policy (span_policy.py) prices every span by."""
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from itertools import accumulate, islice, repeat
 from operator import mul
@@ -86,10 +87,37 @@ class AcceptanceStats:
     def probs(self, length: int) -> list[float]:
         """S(1) .. S(length), from a curve computed once per observation (every candidate of a pass
         is priced on it)."""
+        return self.curve(length)[:length]
+
+    def curve(self, length: int) -> list[float]:
+        """The curve itself, S(1) .. S(length) and maybe more: the caller reads it, never changes it."""
         curve = self.__dict__.get("_curve")
         if curve is None or len(curve) < length:
             curve = self._curve = self._survival(length)
-        return curve[:length]
+        return curve
+
+    def survivals(self) -> Iterator[float]:
+        """S(1), S(2), ... without end, each as _survival computes it (the same operations in the
+        same order), made as they are read: a lone candidate's cut reads a few (SpanPolicy._choose_one)."""
+        weight, unit = self.prior_weight, self.unit
+        first_hazard = 1.0 - self.prior_first
+        at_risk, failed = self.risk_units, self.fail_units  # in units
+        pooled = (self.tail_fail_units * unit + weight * (1.0 - self.prior_rate)) / (self.tail_risk_units * unit + weight)
+        if at_risk:
+            survival = 1.0 - (failed[0] * unit + weight * first_hazard) / (at_risk[0] * unit + weight)
+            yield survival
+            shrunk = weight * pooled
+            for risk, fail in zip(at_risk[1:], failed[1:]):
+                survival *= 1.0 - (fail * unit + shrunk) / (risk * unit + weight)
+                yield survival
+            survival *= 1.0 - pooled
+        else:
+            survival = 1.0 * (1.0 - first_hazard)
+        yield survival
+        step = 1.0 - pooled
+        while True:  # untried positions
+            survival *= step
+            yield survival
 
     def _survival(self, length: int) -> list[float]:
         """Kaplan-Meier with shrinkage (the class docstring): [length]. Positions no span tried

@@ -6,7 +6,7 @@ second on this engine's cost curve (CostModel), from each source's measured acce
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from itertools import accumulate
 
@@ -56,6 +56,22 @@ def best_spans(accept_probs: Sequence[float], costs: CostModel, priced: list[flo
             out.extend([(best_len, best_rate)] * (total - length))  # nothing longer beats it
             break
     return out
+
+
+def best_length(curve: Iterable[float], length: int, priced: list[float], floors: list[float]) -> int:
+    """best_spans(curve[:length], ..., priced, floors)[-1][0] without the list of every prefix's
+    best (a lone candidate's cut, drafted per step for each request of vLLM's batch): the same
+    walk, the same arithmetic, the same stop, reading the curve only as far as the walk goes.
+    priced and floors reach length + 1 tokens."""
+    best_len, best_rate, expected = 0, 1.0 / priced[0], 0.0
+    for index, prob in zip(range(length), curve):  # pending token + span in one pass
+        expected += prob
+        rate = (1.0 + expected) / priced[index + 1]
+        if rate > best_rate:  # the first of equals: the shortest
+            best_len, best_rate = index + 1, rate
+        if index + 1 < length and (1.0 + expected + (length - index - 1) * prob) / floors[index + 2] <= best_rate:
+            break  # nothing longer beats it
+    return best_len
 
 
 def pass_floors(priced: list[float]) -> list[float]:
@@ -226,20 +242,26 @@ class SpanPolicy:
     def _choose_one(self, source: Source, span: list[int], guard: bool) -> list[tuple[Source, list[int]]]:
         """choose_many of one candidate: it cut to its best length, or [] (a plain step, or the guard's skip)."""
         priced, floors = self._prices(len(span) + 1)
-        length = best_spans(self.stats[source].probs(len(span)), self.costs, priced, floors)[-1][0]
+        length = best_length(self.stats[source].survivals(), len(span), priced, floors)
         if not length or (guard and self.skips()):
             return []
         return [(source, span[:length])]
 
     def _prices(self, length: int) -> tuple[list[float], list[float]]:
-        """(the costs of passes over 1 .. length tokens, pass_floors of them), kept while the cost
-        model prices as it did (the same model and table, no drift learnt since: drafted per step
-        a request's every pass, and each step of a batch's requests, reuses them)."""
+        """(the costs of passes over 1 .. length tokens or more, pass_floors of them), kept while
+        the cost model prices as it did (the same model and table, no drift learnt since: drafted
+        per step a request's every pass, and each step of a batch's requests, reuses them). A
+        longer list than asked for serves too: its first prices are the same, and its floors,
+        never above a shorter list's, still bound every longer pass (best_spans stops no sooner
+        than the span's best is known). At 32 requests in the batch, one span a pass, 2 in 3 calls
+        asked for a length other than the last one's."""
         costs = self.costs
-        key = (costs.drift, costs.score_drift, costs.step_s, costs.token_s, length)
+        key = (costs.drift, costs.score_drift, costs.step_s, costs.token_s)
         kept = self._priced
-        if kept is None or kept[0] is not costs or kept[1] is not costs.table or kept[2] != key:
-            priced = costs.costs(length)
+        if kept is None or kept[0] is not costs or kept[1] is not costs.table or kept[2] != key \
+                or len(kept[3]) < length:
+            longest = max(length, len(kept[3])) if kept is not None and kept[2] == key else length
+            priced = costs.costs(longest)
             kept = self._priced = (costs, costs.table, key, priced, pass_floors(priced))
         return kept[3], kept[4]
 
@@ -350,7 +372,8 @@ class SpanPolicy:
 
     @property
     def losing(self) -> bool:
-        return self.timed_passes >= self.min_passes and self.gain_s < -self.tolerance * self.costs.cost(1)
+        return self.timed_passes >= self.min_passes and self.gain_s < 0.0 \
+            and self.gain_s < -self.tolerance * self.costs.cost(1)  # (priced only when spans lose at all)
 
     def observe(self, num_proposed: int, num_accepted: int, seconds: float | None = None,
                 source: Source = NO_SOURCE) -> None:

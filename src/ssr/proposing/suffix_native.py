@@ -18,7 +18,7 @@ from itertools import islice
 from ..config import SuffixParams
 from .proposers import CHAIN
 from .source import Source
-from .suffix_tree import match_bucket
+from .suffix_tree import MATCH_BUCKETS, match_bucket
 
 
 def native_tree(max_depth: int):
@@ -46,6 +46,8 @@ class NativeSuffixProposer:
         self._sequences = 2  # sequence ids handed out
         self.history = history.native(params.max_depth) if history is not None else None  # earlier responses
         self.context = list(prompt[-params.max_depth:])  # the last max_depth tokens of prompt + output
+        # [bucket]: the Source its best spans are named by (match_bucket of their match length)
+        self._sources = tuple(Source.suffix(bucket, kind=kind) for bucket in range(len(MATCH_BUCKETS) + 1))
 
     def add_source(self, token_ids: Sequence[int]) -> None:
         self.tree.extend(self._sequences, list(token_ids))
@@ -68,11 +70,13 @@ class NativeSuffixProposer:
         return self._candidates(max_tokens, self.alternatives)
 
     def _candidates(self, max_tokens: int, alternatives: int) -> list[tuple[Source, list[int]]]:
-        span, _, match_len = self._best(max_tokens)
-        if not span:
+        best = self._best_draft(max_tokens)
+        if best is None:
             return []
-        bucket = match_bucket(match_len)
-        out = [(Source.suffix(bucket, kind=self.kind), span)]
+        span, bucket = list(best.token_ids), match_bucket(best.match_len)
+        out = [(self._sources[bucket], span)]
+        if not alternatives:  # one span a pass (drafted per step for every request of a batch): no more
+            return out
         for other in islice(self._branches(max_tokens), alternatives):
             if other[: len(span)] != span[: len(other)]:  # not a prefix of the best, nor extended by it
                 out.append((Source.suffix(bucket, True, self.kind), other))
@@ -103,9 +107,16 @@ class NativeSuffixProposer:
     def _best(self, max_tokens: int) -> tuple[list[int], list[float], int]:
         """(span, probabilities, match length): the request tree's or, when it scores higher, the
         earlier responses' tree's."""
+        best = self._best_draft(max_tokens)
+        if best is None:
+            return [], [], 0
+        return list(best.token_ids), list(best.probs), best.match_len
+
+    def _best_draft(self, max_tokens: int):
+        """_best's draft as the tree gives it (token_ids, probs, match_len, score), None for none."""
         limit = min(max_tokens, self.params.max_span)
         if limit < 1:
-            return [], [], 0
+            return None
         if self.extend_prob is None:
             factor, min_prob = self.params.span_factor, self.params.min_prob
         else:  # past the match length: as long as the tree's continuation goes
@@ -117,9 +128,7 @@ class NativeSuffixProposer:
             draft = tree.speculate(self.context, limit, factor, 0.0, min_prob, False)
             if draft.token_ids and (best is None or draft.score > best.score):
                 best = draft
-        if best is None:
-            return [], [], 0
-        return list(best.token_ids), list(best.probs), best.match_len
+        return best
 
 
 class BestSpan:

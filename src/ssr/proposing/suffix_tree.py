@@ -8,6 +8,7 @@ frequent continuation while its estimated probability stays high.
 """
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections.abc import Iterable, Sequence
 
 
@@ -16,7 +17,7 @@ MATCH_BUCKETS = (4, 8, 16)  # a span's source names its match length: suffix/<4,
 
 def match_bucket(match_len: int) -> int:
     """The bucket of a match length (MATCH_BUCKETS): span policies measure each apart."""
-    return sum(match_len >= edge for edge in MATCH_BUCKETS)
+    return bisect_right(MATCH_BUCKETS, match_len)  # the edges it reaches
 
 
 class _Node:
