@@ -184,7 +184,10 @@ def test_a_candidate_beside_the_chosen_ones_keeps_the_nodes_that_pay(probs, wort
     from ssr.pricing.span_policy import SpanPolicy
 
     policy = SpanPolicy(CostModel(step_s=1.0, token_s=token_s))
-    assert policy._paying(probs, worth, policy.costs.costs(8), fed=3) == expected
+    assert policy._paying(probs, 0, len(probs), worth, policy.costs.costs(8), fed=3) == expected
+    curve = [1.0, 1.0] + probs + [0.9]  # its nodes past a shared prefix of 2, in a longer curve
+    assert policy._paying(curve, 2, 2 + len(probs), worth, policy.costs.costs(8), fed=3) == expected
+    assert policy._paying(probs, 0, len(probs), worth, policy.costs.costs(4), fed=3) == expected  # past the list
 
 
 def _halving():

@@ -82,6 +82,9 @@ def pass_floors(priced: list[float]) -> list[float]:
 MAX_BRANCHES = 6  # candidate spans verified in one pass at most, each on its own fork (cheap verification)
 MAX_TREE_CANDIDATES = 48  # the same as one token tree on one sequence (engines with tree attention: the span
 #                           policy prices every node; 16 bound the recency trie's paths, GPU preset: 1% slower)
+# passes over up to this many tokens a token tree's choice prices from one list (SpanPolicy._prices,
+# kept while the cost model stands): its nodes beside the first span reach ~170 on agent turns
+TREE_PRICES = 256
 CHEAP_SPAN_STEPS = 1.5  # a verify pass over the longest span costing at most this many steps is "cheap"
 
 
@@ -220,7 +223,9 @@ class SpanPolicy:
         if len(candidates) == 1:  # one source's span (Layout.ONE drafted per step): the same choice, less host time
             return self._choose_one(*candidates[0], guard)
         ranked = []  # (tokens per second, source, cut span) of every span worth a pass alone
-        priced, floors = self._prices(max(len(span) for _, span in candidates) + 1) if candidates else ([], [])
+        longest_span = max(len(span) for _, span in candidates) + 1 if candidates else 0
+        # a tree's passes grow node by node past any one span (_paying prices each): priced in the list
+        priced, floors = self._prices(max(longest_span, TREE_PRICES if tree else 0)) if candidates else ([], [])
         longest: dict[Source, int] = {}  # source -> its longest span here (sources repeat)
         for source, span in candidates:
             longest[source] = max(longest.get(source, 0), len(span))
@@ -304,59 +309,63 @@ class SpanPolicy:
         learnt rate its prior props up (a source never right keeps ~12% after 20 spans) would
         add forks that never pay; the development traces' forks replays are the same either way."""
         step_s, fed = priced[0], len(chosen[0][1]) + 1  # a plain step; tokens in the pass so far
-        misses = [1.0 - self.stats[chosen[0][0]].probs(1)[0]]  # each chosen one's first-token miss chance
+        misses = [1.0 - self.stats[chosen[0][0]].curve(1)[0]]  # each chosen one's first-token miss chance
         all_miss = misses[0]  # forks: the product of misses, every chosen one fails at its first token
-        starts = {chosen[0][1][0]}  # the chosen ones' first tokens
+        starting = {chosen[0][1][0]: [0]}  # a first token -> the chosen ones that start with it, in order
         for _, source, span in ranked:
             if len(chosen) >= max_count:
                 break
             first = span[0]
             most, miss = 0, misses[0] if tree else all_miss  # no chosen one starts with its first token
-            if first in starts:
-                shared = [0 if other[0] != first else common_prefix(other, span) for _, other in chosen]
+            sharing = starting.get(first)
+            if sharing is not None:
+                shared = [common_prefix(chosen[i][1], span) for i in sharing]  # each at least 1
                 most = max(shared)
                 if most == len(span):  # nothing a chosen one does not try
                     continue
                 miss = 1.0  # every chosen one fails where this one parts from it (forks: at its first token)
-                for (other, _), first_miss, common in zip(chosen, misses, shared):
-                    if not tree:
+                if tree:  # (the chosen ones that start otherwise are wrong where it is right)
+                    for i, common in zip(sharing, shared):
+                        miss *= self._parting_miss(chosen[i][0], common)
+                else:
+                    for first_miss in misses:
                         miss *= first_miss
-                    elif common:  # (a tree: the chosen ones that start otherwise are wrong where it is right)
-                        miss *= self._parting_miss(other, common)
-            probs = self.stats[source].probs(len(span))
+            curve = self.stats[source].curve(len(span))  # S(1) .. S(len(span)), maybe more
             if tree:  # its nodes past the shared prefix, as many as pay for themselves (so they pay together)
-                added = self._paying(probs[most:], miss * step_s, priced, fed)
+                added = self._paying(curve, most, len(span), miss * step_s, priced, fed)
                 span = span[: most + added]
             else:  # its pending token and span on a fork, kept when they pay together
                 added = len(span) + 1
-                gain = miss * sum(probs) * step_s
+                gain = miss * sum(curve[: len(span)]) * step_s
                 if gain <= _priced(priced, self.costs, fed + added) - _priced(priced, self.costs, fed):
                     added = 0
             if added:
+                starting.setdefault(first, []).append(len(chosen))
                 chosen.append((source, span))
-                misses.append(1.0 - probs[0])
+                misses.append(1.0 - curve[0])
                 all_miss *= misses[-1]
-                starts.add(first)
                 fed += added
         return chosen
 
-    def _paying(self, probs: list[float], worth: float, priced: list[float], fed: int) -> int:
-        """How many of a candidate's new nodes pay for themselves beside the chosen ones: each adds
-        its acceptance chance x `worth` (the chance every chosen one misses x a step's seconds) and
-        costs what one more token adds to the pass; the first that does not pay ends it."""
-        cost = _priced(priced, self.costs, fed)
-        for count, prob in enumerate(probs):
-            more = _priced(priced, self.costs, fed + count + 1)
-            if prob * worth <= more - cost:
+    def _paying(self, curve: list[float], start: int, end: int, worth: float, priced: list[float], fed: int) -> int:
+        """How many of a candidate's new nodes (curve[start:end]: S of its tokens past the shared
+        prefix) pay for themselves beside the chosen ones: each adds its acceptance chance x
+        `worth` (the chance every chosen one misses x a step's seconds) and costs what one more
+        token adds to the pass; the first that does not pay ends it."""
+        listed = len(priced)  # passes over up to this many tokens are priced in the list (_priced)
+        cost = priced[fed - 1] if fed <= listed else self.costs.cost(fed)
+        for count in range(end - start):
+            more = priced[fed + count] if fed + count < listed else self.costs.cost(fed + count + 1)
+            if curve[start + count] * worth <= more - cost:
                 return count
             cost = more
-        return len(probs)
+        return end - start
 
     def _parting_miss(self, source: Source, common: int) -> float:
         """The chance that a span of this source fails at token common + 1, given the first common
         were right: 1 - S(common + 1) / S(common)."""
-        probs = self.stats[source].probs(common + 1)
-        return 1.0 - probs[common] / probs[common - 1] if probs[common - 1] > 0 else 1.0
+        curve = self.stats[source].curve(common + 1)
+        return 1.0 - curve[common] / curve[common - 1] if curve[common - 1] > 0 else 1.0
 
     def cut(self, span: list[int], source: Source = NO_SOURCE) -> list[int]:
         """One source's span cut to its best length ([] for a plain step)."""
