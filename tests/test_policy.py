@@ -3,7 +3,7 @@ import pytest
 
 from ssr.pricing.costs import CostModel
 from ssr.pricing.acceptance import AcceptanceStats
-from ssr.pricing.span_policy import best_span_length
+from ssr.pricing.span_cut import best_span_length
 from ssr.proposing.source import Source
 
 BAD, GOOD = Source("bad"), Source("good")  # sources of spans always rejected, always accepted

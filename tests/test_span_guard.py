@@ -80,7 +80,8 @@ def test_a_lone_candidate_is_cut_as_best_span_cuts_it():
     import random
 
     from ssr.pricing.acceptance import AcceptanceStats
-    from ssr.pricing.span_policy import SpanPolicy, best_span
+    from ssr.pricing.span_cut import best_span
+    from ssr.pricing.span_policy import SpanPolicy
 
     from ssr.pricing.costs import gpu_preset
 
