@@ -10,7 +10,7 @@ model is the ceiling ssr and the peers are measured against.
 last token, as every proposer that matches the context's end does (n-gram lookup, suffix trees,
 SGLang's trie). The plain oracle also counts copies whose first token no such proposer could
 reach: a stretch that occurred before after another token. On the development traces most of
-its tokens are of that kind (docs/traces.md, "The limit").
+its tokens are of that kind (docs/limit.md).
 
 The context is held in a suffix automaton (every substring of the sequences added, each added
 token O(1) amortised), so the longest copy of the next k tokens is a walk of at most k steps.
