@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
-from itertools import accumulate, islice, repeat
-from operator import mul
+from itertools import islice
 
 
 @dataclass
@@ -97,8 +96,9 @@ class AcceptanceStats:
         return curve
 
     def survivals(self) -> Iterator[float]:
-        """S(1), S(2), ... without end, each as _survival computes it (the same operations in the
-        same order), made as they are read: a lone candidate's cut reads a few (SpanPolicy._choose_one)."""
+        """S(1), S(2), ... without end, made as they are read (a lone candidate's cut reads a few:
+        SpanPolicy._choose_one): Kaplan-Meier with shrinkage (the class docstring). Positions no
+        span tried yet take the shrunk hazard itself (what the formula gives them)."""
         weight, unit = self.prior_weight, self.unit
         first_hazard = 1.0 - self.prior_first
         at_risk, failed = self.risk_units, self.fail_units  # in units
@@ -120,24 +120,5 @@ class AcceptanceStats:
             yield survival
 
     def _survival(self, length: int) -> list[float]:
-        """Kaplan-Meier with shrinkage (the class docstring): [length]. Positions no span tried
-        yet take the shrunk hazard itself (what the formula gives them)."""
-        prior_hazard, weight, unit = 1.0 - self.prior_rate, self.prior_weight, self.unit
-        first_hazard = 1.0 - self.prior_first
-        at_risk, failed = self.risk_units, self.fail_units  # in units
-        pooled = (self.tail_fail_units * unit + weight * prior_hazard) / (self.tail_risk_units * unit + weight)
-        tried = min(length, len(at_risk))
-        out: list[float] = []
-        survival = 1.0
-        if tried:
-            survival = 1.0 - (failed[0] * unit + weight * first_hazard) / (at_risk[0] * unit + weight)
-            out.append(survival)
-        shrunk = weight * pooled
-        for risk, fail in zip(at_risk[1:tried], failed[1:tried]):
-            survival *= 1.0 - (fail * unit + shrunk) / (risk * unit + weight)
-            out.append(survival)
-        if len(out) < length:  # untried positions
-            survival *= 1.0 - (first_hazard if not out else pooled)
-            out.append(survival)
-            out.extend(islice(accumulate(repeat(1.0 - pooled, length - len(out)), mul, initial=survival), 1, None))
-        return out
+        """S(1) .. S(length) as a list (survivals)."""
+        return list(islice(self.survivals(), length))

@@ -289,10 +289,9 @@ class SpanPolicy:
         prefix) pay for themselves beside the chosen ones: each adds its acceptance chance x
         `worth` (the chance every chosen one misses x a step's seconds) and costs what one more
         token adds to the pass; the first that does not pay ends it."""
-        listed = len(priced)  # passes over up to this many tokens are priced in the list (_priced)
-        cost = priced[fed - 1] if fed <= listed else self.costs.cost(fed)
+        cost = _priced(priced, self.costs, fed)
         for count in range(end - start):
-            more = priced[fed + count] if fed + count < listed else self.costs.cost(fed + count + 1)
+            more = _priced(priced, self.costs, fed + count + 1)
             if curve[start + count] * worth <= more - cost:
                 return count
             cost = more
