@@ -3,9 +3,12 @@ afresh, side by side: ssr's proposer for a token tree (every source made, the pr
 the first candidates asked), its output then observed and the request ended, over real agent
 conversations in file order. Each turn runs twice, against two response histories fed alike;
 the afresh one drops the index its last request gave back. Tool views are left out
-(docs/agents.md, "The prompt's n-gram index kept too").
+(docs/agents.md, "The prompt's n-gram index kept too"). With --cold, each turn once on a server
+started afresh (nothing kept: every source indexes the whole prompt, as `ssr traces --orders
+cold` replays it; docs/agents.md, "A long prompt's setup").
 
     python scripts/turn_setup.py ../shared/traces/agentic-nemo-gym.dev.jsonl.gz --group policy_model --tasks 1
+    python scripts/turn_setup.py ../shared/traces/agentic-nemo-gym.dev.jsonl.gz --group policy_model --tasks 1 --cold
 """
 from __future__ import annotations
 
@@ -43,6 +46,7 @@ def main() -> int:
     parser.add_argument("files", nargs="+")
     parser.add_argument("--group", action="append", dest="groups", help="only groups holding this text")
     parser.add_argument("--tasks", type=int, default=1, help="per group, every turn of the first N tasks")
+    parser.add_argument("--cold", action="store_true", help="each turn once, nothing kept from the turn before")
     args = parser.parse_args()
     try:
         turns = tokenized_traces(args.files, groups=args.groups, tasks=args.tasks)
@@ -50,6 +54,8 @@ def main() -> int:
         print(f"turn_setup: {error}", file=sys.stderr)
         return 2
     config, kept, afresh = GenerationConfig(mode="ssr"), ResponseHistory(), ResponseHistory()
+    if args.cold:
+        return cold(config, turns)
     rows = []  # (prompt tokens, ms kept, ms afresh)
     for number, turn in enumerate(turns):
         output = list(turn.cot_ids) + list(turn.answer_ids)
@@ -63,6 +69,20 @@ def main() -> int:
                   f"{statistics.median(r[1] for r in band):.0f} ms kept, {statistics.median(r[2] for r in band):.0f}"
                   f" ms afresh (ratio {statistics.median(r[1] / r[2] for r in band):.2f})")
     print(f"all {len(rows)} turns: {sum(r[1] for r in rows) / 1e3:.1f} s kept, {sum(r[2] for r in rows) / 1e3:.1f} s afresh")
+    return 0
+
+
+def cold(config, turns) -> int:
+    """Each turn's setup on a history of its own: the median per band of prompt lengths."""
+    rows = [(len(turn.prompt_ids), setup_ms(config, turn.prompt_ids, list(turn.cot_ids) + list(turn.answer_ids),
+                                            ResponseHistory(), True)) for turn in turns]
+    for low, high in zip(BANDS, BANDS[1:] + (None,)):
+        band = [row for row in rows if row[0] >= low and (high is None or row[0] < high)]
+        if band:
+            print(f"prompts of {low:,}{f'-{high:,}' if high else '+'} tokens: {len(band)} turns, setup median "
+                  f"{statistics.median(r[1] for r in band):.0f} ms cold, "
+                  f"{statistics.median(1e3 * r[1] / r[0] for r in band):.1f} us a prompt token")
+    print(f"all {len(rows)} turns: {sum(r[1] for r in rows) / 1e3:.1f} s cold")
     return 0
 
 

@@ -130,3 +130,42 @@ def test_an_index_given_back_with_output_not_yet_indexed_is_rewound_without_inde
     history.give_back(LOOKUP_INDEX, lookup)
     again = prompt_lookup(prompt + [1, 2], settings, history)
     assert again is lookup and state(again) == state(LookupProposer(prompt + [1, 2], *settings))
+
+
+def indexed_token_by_token(tokens: list[int], settings) -> tuple:
+    """The oracle: `state` of an index built one token at a time, each map updated for every
+    n-gram size as the token comes (what LookupProposer did before it indexed size by size)."""
+    max_ngram, _, others, frequent, skips = settings
+    seen, first, latest, before = [], {}, {}, [(None, None)] * (max_ngram + 1)
+    ways, skipped, counts = {}, {}, LookupProposer((), *settings).frequent
+    for token in tokens:
+        seen.append(token)
+        end = len(seen)
+        for size in range(1, min(max_ngram, end) + 1):
+            gram = tuple(seen[end - size:])
+            before[size] = last = latest.get(gram, (None, None))
+            latest[gram] = (end - size, last[0])
+            first.setdefault(gram, end - size)
+            if others and end > size:
+                went = ways.setdefault(tuple(seen[end - 1 - size: end - 1]), {})
+                went.pop(token, None)
+                went[token] = end - 1 - size
+        counts.count(token)
+        if skips and end > 2:
+            went = skipped.setdefault(seen[end - 3], {})
+            went.pop(token, None)
+            went[token] = end - 1
+    return (seen, first, latest, before, {key: list(went.items()) for key, went in ways.items()},
+            {key: list(went.items()) for key, went in skipped.items()}, dict(counts.counts), list(counts.top))
+
+
+@pytest.mark.parametrize("settings", SETTINGS)
+@pytest.mark.parametrize("seed", range(12))
+def test_an_index_built_size_by_size_in_batches_is_the_token_by_token_index(settings, seed):
+    rng = random.Random(seed)
+    vocab = rng.choice([2, 5, 30])
+    lookup = LookupProposer(stream(rng, rng.randrange(0, 40), vocab), *settings)
+    for _ in range(rng.randrange(1, 8)):  # batches of 0 to 30 tokens, the index asked for between them
+        lookup.observe(stream(rng, rng.randrange(0, 30), vocab))
+        lookup.candidates(8)
+        assert state(lookup) == indexed_token_by_token(lookup.tokens, settings)

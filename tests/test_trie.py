@@ -63,15 +63,49 @@ def nodes_of(node: dict) -> int:
     return sum(1 + nodes_of(child) for child in node.values())
 
 
+def expanded(trie: RecencyTrie, node=None, length: int = 0) -> dict:
+    """The trie as plain nested dicts, its chains (windows written once) made dicts: token -> the
+    node one token deeper, the most recently written last."""
+    node = trie.root if node is None else node
+    return {token: expanded(trie, child, length + 1) for token, child in reversed(list(trie.children(node, length)))}
+
+
+def check_anchors(trie: RecencyTrie, anchors: list, fresh: int, stream: list[int], earlier=()) -> None:
+    """anchors[n]: the node of the stream's last n tokens, a window written before too (in the
+    stream or an earlier text); the next `fresh` windows, longer, written just now for the first
+    time; depth - 1 tokens at most."""
+    assert len(anchors) + fresh == min(len(stream), trie.depth - 1) + 1
+    for n in range(len(anchors) + fresh):
+        window = stream[len(stream) - n:] if n else []
+        again = any(stream[i - n: i] == window for i in range(n, len(stream))) or \
+            any(text[i - n: i] == window for text in earlier for i in range(n, len(text) + 1))
+        assert again == (n < len(anchors)) or n == 0
+    for n, anchor in enumerate(anchors):
+        node = trie.resolve(anchor) if type(anchor) is not dict else anchor
+        node = node if type(node) is dict else node[:2]
+        window = stream[len(stream) - n:] if n else []
+        assert expanded(trie, node, n) == _at(expanded(trie), window)
+        if type(node) is dict:
+            assert node is _node_at(trie, window)
+
+
+def _node_at(trie: RecencyTrie, tokens: list[int]):
+    node = trie.root
+    for length, token in enumerate(tokens):
+        node = dict(trie.children(node, length))[token]
+    return node
+
+
 @pytest.mark.parametrize("seed", range(30))
 def test_the_trie_holds_every_window_once_in_recency_order(seed):
     rng = random.Random(seed)
     depth = rng.choice([2, 3, 5, 18])
     stream = [rng.randrange(rng.choice([2, 4, 9])) for _ in range(rng.randrange(1, 120))]
     trie = RecencyTrie(depth)
-    anchors = [trie.root]
+    anchors, fresh, text = [trie.root], 0, []
     for token in stream:
-        anchors = trie.write(anchors, token)
+        text.append(token)
+        anchors, fresh = trie.write(anchors, fresh, text)
     held = set()
 
     def walk(node: dict, path: tuple[int, ...]) -> None:
@@ -80,11 +114,11 @@ def test_the_trie_holds_every_window_once_in_recency_order(seed):
             held.add(path + (token,))
             walk(child, path + (token,))
 
-    walk(trie.root, ())
+    whole = expanded(trie)
+    walk(whole, ())
     assert held == windows(stream, depth)
-    assert trie.nodes == nodes_of(trie.root) == len(held)
-    assert all(anchors[n] is _at(trie.root, stream[len(stream) - n:]) for n in range(len(anchors)))
-    assert len(anchors) == min(len(stream), depth - 1) + 1
+    assert trie.nodes == nodes_of(whole) == len(held)
+    check_anchors(trie, anchors, fresh, stream)
 
 
 def _at(node: dict, tokens: list[int]) -> dict:
@@ -162,7 +196,7 @@ def test_a_prompt_the_last_request_wrote_already_is_not_written_again(seed):
         for token, child in node.items():
             check(child, path + (token,))
 
-    check(second.trie.root, ())
-    assert all(second.anchors[n] is _at(second.trie.root, prompt2[len(prompt2) - n:])
-               for n in range(len(second.anchors)))
+    check(expanded(second.trie), ())
+    check_anchors(second.trie, second.anchors, second.fresh, prompt2, [turn1])
     assert second.trie.last == prompt2
+    assert second.trie.nodes == nodes_of(expanded(second.trie))

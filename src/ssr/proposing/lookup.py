@@ -185,25 +185,53 @@ class LookupProposer(PromptLookupProposer):
             self._journal.append((table, key, dict(table[key]) if key in table else MISSING))
 
     def _index_pending(self) -> None:
+        """The pending tokens indexed: each map filled n-gram size by size, each in the tokens'
+        order (the maps' keys differ in length from size to size, so this leaves every map as
+        indexing token by token would: the same entries, each dict of ways in the same order)."""
         pending, self._pending = self._pending, []
-        tokens, first, latest, before, ways = self._tokens, self._first, self._latest, self._before, self._ways
-        for token in pending:
-            tokens.append(token)
-            end = len(tokens)
-            for size in range(1, min(self.max_ngram, end) + 1):
-                gram = tuple(tokens[end - size:])
-                before[size] = seen = latest.get(gram, (None, None))
-                latest[gram] = (end - size, seen[0])
-                first.setdefault(gram, end - size)  # prompt lookup's map, kept in the same pass
-                if self.others and end > size:  # the n-gram before this token went on to it
-                    went = ways.setdefault(tuple(tokens[end - 1 - size: end - 1]), {})
-                    went.pop(token, None)
-                    went[token] = end - 1 - size
-            self.frequent.count(token)
-            if self.skips and end > 2:  # the token two before this one went on, one later, to it
-                went = self._skips.setdefault(tokens[end - 3], {})
+        if not pending:
+            return
+        tokens = self._tokens
+        begin = len(tokens)  # the first pending token's position
+        tokens.extend(pending)
+        for size in range(1, min(self.max_ngram, len(tokens)) + 1):
+            self._index_size(size, begin)
+        count = self.frequent.count
+        if self.frequent.size:
+            for token in pending:
+                count(token)
+        if self.skips:  # the token two before each went on, one later, to it
+            skips = self._skips
+            for end in range(max(begin, 2), len(tokens)):
+                went = skips.setdefault(tokens[end - 2], {})
+                token = tokens[end]
                 went.pop(token, None)
-                went[token] = end - 1
+                went[token] = end
+
+    def _index_size(self, size: int, begin: int) -> None:
+        """The n-grams of `size` tokens that end at a token from `begin` on, in order: latest two,
+        earliest, and (with `others`) the token each one before them went on to."""
+        tokens, first, latest, ways = self._tokens, self._first, self._latest, self._ways
+        low = max(begin, size - 1)  # the first position a gram of this size ends at
+        # every gram ending at low - 1 .. the end, built in C (zip of shifted slices)
+        grams = list(zip(*(tokens[low - size + k: len(tokens) - size + 1 + k] for k in range(size)))) \
+            if low >= size else [None] + list(zip(*(tokens[k: len(tokens) - size + 1 + k] for k in range(size))))
+        seen = (None, None)
+        start = low - size + 1
+        for gram in grams[1:]:
+            seen = latest.get(gram, (None, None))
+            latest[gram] = (start, seen[0])
+            first.setdefault(gram, start)
+            start += 1
+        self._before[size] = seen
+        if self.others:  # the gram before each token went on to it
+            start = low - size
+            for before, token in zip(grams, tokens[low:]):
+                if before is not None:
+                    went = ways.setdefault(before, {})
+                    went.pop(token, None)
+                    went[token] = start
+                start += 1
 
     def candidates(self, max_tokens: int) -> list[tuple[Source, list[int]]]:
         limit = min(max_tokens, self.num_tokens)
