@@ -62,26 +62,28 @@ def main() -> int:
         sides = [(kept, True), (afresh, False)][:: 1 if number % 2 else -1]  # each side first every other turn
         took = {keep: setup_ms(config, turn.prompt_ids, output, history, keep) for history, keep in sides}
         rows.append((len(turn.prompt_ids), took[True], took[False]))
+    for head, band in bands(rows):
+        print(f"{head}, setup median {statistics.median(r[1] for r in band):.0f} ms kept, "
+              f"{statistics.median(r[2] for r in band):.0f} ms afresh (ratio {statistics.median(r[1] / r[2] for r in band):.2f})")
+    print(f"all {len(rows)} turns: {sum(r[1] for r in rows) / 1e3:.1f} s kept, {sum(r[2] for r in rows) / 1e3:.1f} s afresh")
+    return 0
+
+
+def bands(rows: list[tuple]):
+    """("prompts of LOW-HIGH tokens: N turns", its rows) for each band of prompt lengths holding any."""
     for low, high in zip(BANDS, BANDS[1:] + (None,)):
         band = [row for row in rows if row[0] >= low and (high is None or row[0] < high)]
         if band:
-            print(f"prompts of {low:,}{f'-{high:,}' if high else '+'} tokens: {len(band)} turns, setup median "
-                  f"{statistics.median(r[1] for r in band):.0f} ms kept, {statistics.median(r[2] for r in band):.0f}"
-                  f" ms afresh (ratio {statistics.median(r[1] / r[2] for r in band):.2f})")
-    print(f"all {len(rows)} turns: {sum(r[1] for r in rows) / 1e3:.1f} s kept, {sum(r[2] for r in rows) / 1e3:.1f} s afresh")
-    return 0
+            yield f"prompts of {low:,}{f'-{high:,}' if high else '+'} tokens: {len(band)} turns", band
 
 
 def cold(config, turns) -> int:
     """Each turn's setup on a history of its own: the median per band of prompt lengths."""
     rows = [(len(turn.prompt_ids), setup_ms(config, turn.prompt_ids, list(turn.cot_ids) + list(turn.answer_ids),
                                             ResponseHistory(), True)) for turn in turns]
-    for low, high in zip(BANDS, BANDS[1:] + (None,)):
-        band = [row for row in rows if row[0] >= low and (high is None or row[0] < high)]
-        if band:
-            print(f"prompts of {low:,}{f'-{high:,}' if high else '+'} tokens: {len(band)} turns, setup median "
-                  f"{statistics.median(r[1] for r in band):.0f} ms cold, "
-                  f"{statistics.median(1e3 * r[1] / r[0] for r in band):.1f} us a prompt token")
+    for head, band in bands(rows):
+        print(f"{head}, setup median {statistics.median(r[1] for r in band):.0f} ms cold, "
+              f"{statistics.median(1e3 * r[1] / r[0] for r in band):.1f} us a prompt token")
     print(f"all {len(rows)} turns: {sum(r[1] for r in rows) / 1e3:.1f} s cold")
     return 0
 
