@@ -9,6 +9,7 @@ import pytest
 
 from ssr.proposing.history import ResponseHistory
 from ssr.proposing.source import Source
+from ssr.verifying.verify import common_prefix
 from ssr.proposing.trie import MAX_BREADTH, MIN_BREADTH, RecencyTrie, TrieProposer
 
 
@@ -200,3 +201,38 @@ def test_a_prompt_the_last_request_wrote_already_is_not_written_again(seed):
     check_anchors(second.trie, second.anchors, second.fresh, prompt2, [turn1])
     assert second.trie.last == prompt2
     assert second.trie.nodes == nodes_of(expanded(second.trie))
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_requests_writing_in_turn_into_one_trie_keep_it_whole(seed):
+    """Two requests of one deployment writing by turns (each a few tokens, then the other): every
+    window each writes is in the trie, in the order of the writes, though another's writes turned
+    its new windows into dicts between its own. Oracle: every (context, token) write in time order."""
+    rng = random.Random(500 + seed)
+    alphabet = rng.choice([2, 3, 5])
+    history = ResponseHistory()
+    prompts = [[rng.randrange(alphabet) for _ in range(rng.randrange(1, 20))] for _ in range(2)]
+    requests = [TrieProposer(prompts[0], history), TrieProposer(prompts[1], history)]
+    texts = [list(prompts[0]), list(prompts[1])]
+    writes = [(prompts[0][:i], prompts[0][i]) for i in range(len(prompts[0]))]
+    held = common_prefix(prompts[0], prompts[1])
+    writes += [(prompts[1][:i], prompts[1][i]) for i in range(held, len(prompts[1]))]
+    for _ in range(rng.randrange(1, 10)):
+        which = rng.randrange(2)
+        tokens = [rng.randrange(alphabet) for _ in range(rng.randrange(1, 6))]
+        for token in tokens:
+            writes.append((list(texts[which]), token))
+            texts[which].append(token)
+        requests[which].observe(tokens)
+        requests[which].candidates(8)
+    trie = requests[0].trie
+    assert requests[1].trie is trie
+    depth = trie.depth
+
+    def check(node: dict, path: tuple[int, ...]) -> None:
+        assert list(reversed(node)) == _latest_followers(writes, path, depth)
+        for token, child in node.items():
+            check(child, path + (token,))
+
+    check(expanded(trie), ())
+    assert trie.nodes == nodes_of(expanded(trie))

@@ -56,6 +56,7 @@ class RecencyTrie:
         self.depth = depth  # longest window
         self.root: dict = {}  # the empty window
         self.nodes = 0  # nodes below the root, chains' included (bounded by the proposer: MAX_NODES)
+        self.version = 0  # batches written: a request's anchors stand while no other request writes
         # what the latest request wrote (its prompt, then its output), in order: its Chains' text
         self.last: list[int] = []
 
@@ -102,6 +103,8 @@ class RecencyTrie:
                 if type(node) is not dict:
                     chain, end = node[0], node[1]
                     if end + 1 < len(chain) and chain[end + 1] == token:  # its one child
+                        if chain is text and end + 1 == at:  # new: the anchors found again (`TrieProposer._sync`)
+                            self.nodes += 1
                         out.append((chain, end + 1, node[2], node[3], node[4]))
                         continue
                     node = self._dict(node)  # a second child: the chain's nodes down to it made dicts
@@ -161,17 +164,27 @@ class TrieProposer:
         self.anchors = self.trie.walk(prompt[max(0, written - self.trie.depth):written])
         self.fresh = 0  # the context's windows past the anchors, longer, new: written once, just now
         self.text = self.trie.last = list(prompt[:written])  # what this request wrote, after that start
+        self.version = self.trie.version  # the trie's version its anchors were found at
         self.observe(prompt[written:])
 
     def add_source(self, token_ids: Sequence[int]) -> None:
         """Drafts are the suffix tree's to copy from."""
 
     def observe(self, token_ids: Sequence[int]) -> None:
+        self._sync()
         trie, text, anchors, fresh = self.trie, self.text, self.anchors, self.fresh
         for token in token_ids:
             text.append(int(token))
             anchors, fresh = trie.write(anchors, fresh, text)
         self.anchors, self.fresh = anchors, fresh
+        trie.version = self.version = trie.version + 1
+
+    def _sync(self) -> None:
+        """Where another request sharing the trie wrote since this one's anchors were found (its
+        writes may have made this one's new windows dicts), the anchors found again."""
+        if self.version != self.trie.version:
+            self.anchors = self.trie.walk(self.text[max(0, len(self.text) - self.trie.depth + 1):])
+            self.fresh, self.version = 0, self.trie.version
 
     def propose(self, max_tokens: int) -> tuple[list[int], list[float] | None]:
         found = self.candidates(max_tokens)
@@ -182,6 +195,7 @@ class TrieProposer:
         anchor first, as SGLang builds), each with its source."""
         if max_tokens < 1:
             return []
+        self._sync()
         paths: list[list[int]] = [[]]  # [draft node] its tokens from the root; 0 the root
         children: list[dict[int, int]] = [{}]  # [draft node] token -> child draft node
         match: list[int] = [0]  # [draft node] the anchor length that first reached it
