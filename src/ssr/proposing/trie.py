@@ -98,8 +98,7 @@ class RecencyTrie:
         made = 0  # windows new with this token, after the anchors (a new window's longer ones are new)
         for node in anchors:
             if type(node) is not dict:
-                if type(node[2][node[3]]) is dict:  # its chain was made dicts since, by another anchor
-                    node = self.resolve(node)
+                node = self.resolve(node)  # (its chain may have been made dicts since, by another anchor)
                 if type(node) is not dict:
                     chain, end = node[0], node[1]
                     if end + 1 < len(chain) and chain[end + 1] == token:  # its one child
@@ -124,6 +123,8 @@ class RecencyTrie:
         anchor of the same chain: a repeated token makes two), else the anchor, held where it is now."""
         text, end, holder, key, at = anchor
         node = holder[key]
+        if type(node) is not dict:  # (mostly: its chain as it was)
+            return anchor
         while type(node) is dict:
             if at == end:
                 return node
@@ -160,12 +161,12 @@ class TrieProposer:
         # the prompt's start the latest request wrote already (turn N of a conversation starts as
         # turn N - 1's prompt and output did) keeps the recency it was written with; the rest is written
         written = common_prefix(self.trie.last, prompt)
-        # [n]: the node of the context's last n tokens, a window written before (a dict, or an Anchor)
-        self.anchors = self.trie.walk(prompt[max(0, written - self.trie.depth):written])
-        self.fresh = 0  # the context's windows past the anchors, longer, new: written once, just now
         self.text = self.trie.last = list(prompt[:written])  # what this request wrote, after that start
-        self.version = self.trie.version  # the trie's version its anchors were found at
-        self.observe(prompt[written:])
+        # [n]: the node of the context's last n tokens, a window written before (a dict, or an Anchor)
+        self.anchors: list = []
+        self.fresh = 0  # the context's windows past the anchors, longer, new: written once, just now
+        self.version: int | None = None  # the trie's version its anchors were found at (None: not yet)
+        self.observe(prompt[written:])  # (its anchors found first, after the start kept)
 
     def add_source(self, token_ids: Sequence[int]) -> None:
         """Drafts are the suffix tree's to copy from."""
@@ -180,8 +181,8 @@ class TrieProposer:
         trie.version = self.version = trie.version + 1
 
     def _sync(self) -> None:
-        """Where another request sharing the trie wrote since this one's anchors were found (its
-        writes may have made this one's new windows dicts), the anchors found again."""
+        """The anchors found, where they were not yet or another request sharing the trie wrote
+        since (its writes may have made this one's new windows dicts)."""
         if self.version != self.trie.version:
             self.anchors = self.trie.walk(self.text[max(0, len(self.text) - self.trie.depth + 1):])
             self.fresh, self.version = 0, self.trie.version
