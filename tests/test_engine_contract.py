@@ -247,5 +247,7 @@ def test_declared_capabilities_match_the_methods(cls):
     assert caps.modelled_clock == has("clock")
     assert caps.keeps_prefix == declares("prefix")  # KeepsPrefix: SequenceSlots, the replay's KeptKV
     assert caps.requests == has("open")
+    # a prefill that frees the host: a prefill to run beside; on a modelled clock, told what ran beside it
+    assert not caps.prefill_frees_host or (has("prefill") and (has("beside_prefill") or not caps.modelled_clock))
     assert caps.returns_ids == (has("step") and "ids" in inspect.signature(cls.step).parameters)
     assert has("live_sequences")

@@ -148,6 +148,23 @@ def test_host_time_is_added_once_at_the_step(on_clock, total_s, host_s, step_s, 
     assert seconds_at_step(row, 6.0) == pytest.approx(expected)
 
 
+BESIDE = [  # (host work beside the prefill, its modelled seconds, covered there) -> seconds at a 6 ms step
+    ((0.2, 1.0, 0.2), 1.5 * 0.4 + 0.3),  # all of it beside a long prefill: covered at 6 ms too (0.4 s)
+    ((0.5, 1.0, 0.5), 1.5 * 0.4 + 0.3 + 0.1),  # at 6 ms the prefill's 0.4 s cover 0.4 of the 0.5
+    ((0.5, 0.1, 0.1), 1.5 * 0.4 + 0.3 + 0.1 - 0.04),  # a short prefill: its 0.04 s at 6 ms cover less
+    ((0.0, 1.0, 0.0), 1.5 * 0.4 + 0.3),  # nothing beside it (a CPU table, vLLM's drafter)
+]
+
+
+@pytest.mark.parametrize("beside,expected", BESIDE)
+def test_host_work_beside_the_prefill_is_covered_again_at_the_step(beside, expected):
+    """The row's host time is net of what the preset's prefill covered; at another step time
+    the prefill's seconds scale, and cover that much of the work instead."""
+    row = {"metrics": {"total_s": 1.5}, "step_s": 0.015, "batch": 1,
+           "host": {"s": 0.3, "on_clock": None, "beside_prefill": list(beside)}}
+    assert seconds_at_step(row, 6.0) == pytest.approx(expected)
+
+
 def test_a_batch_puts_every_requests_host_time_on_the_clock(tmp_path):
     """--host-time with --batch: each pass's host time goes on the modelled clock once per request
     in the step (a fixed figure a pass makes it exact)."""
@@ -200,8 +217,12 @@ def test_a_requests_setup_is_host_time_too(tmp_path, monkeypatch):
 
     monkeypatch.setattr(generation, "request_proposer", slow)
     slowed = replay_trace(tokens, "ssr", GPU, "cold", host="measured")
-    # The pause is on the host clock (before, only the time between passes was) ...
-    assert slowed["host"]["s"] >= pause and slowed["identical"]
+    # The pause is on the host clock (before, only the time between passes was), less what the
+    # prefill's modelled seconds cover (the GPU preset's prefill leaves the host free: the loop
+    # indexes the prompt beside it) ...
+    beside, prefill_s, covered = slowed["host"]["beside_prefill"]
+    assert beside >= pause and 0 < prefill_s < 0.01 and covered == pytest.approx(prefill_s)
+    assert slowed["host"]["s"] >= pause - prefill_s and slowed["identical"]
     # ... and in the request's time: the rest, the modelled part (~1.2 s), is what it was (the cost
     # model times the passes alone, so the loop chooses as before); off the clock it would lose the pause.
     modelled = [r["metrics"]["total_s"] - r["host"]["s"] for r in (plain, slowed)]

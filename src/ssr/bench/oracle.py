@@ -120,6 +120,9 @@ class OracleProposer:
     def add_source(self, token_ids: Sequence[int]) -> None:
         """A trace replay forks no draft."""
 
+    def prepare(self) -> None:
+        """Nothing deferred: its index is made with it."""
+
     def propose(self, max_tokens: int) -> tuple[list[int], list[float] | None]:
         end = self.seen + min(max_tokens, self.max_span)
         ahead = self.future[self.seen: min(end, self.cot_len) if self.seen < self.cot_len else end]

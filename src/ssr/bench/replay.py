@@ -15,7 +15,10 @@ Greedy loops get token ids instead of rows (`returns_ids`), as from an engine th
 argmax where its logits live. The loop's own host time (everything between two passes:
 proposing, pricing, verifying, committing; and between the prefill and the first pass, where
 its proposers index the prompt) is measured, and with `host` it goes on the clock:
-"measured" adds this machine's own, a number adds that many seconds per pass.
+"measured" adds this machine's own, a number adds that many seconds per pass. With an
+accelerator's costs the proposers index the prompt beside its prefill, as the loop does on such
+an engine (Capabilities.prefill_frees_host): what the prefill's modelled seconds cover of that
+is no host time (`beside_prefill`).
 
 A deployment's server keeps the KV of its last request (`KeptKV`): a prompt that starts as
 that request's prompt and output did (turn N of a conversation) prefills only the rest, as
@@ -81,7 +84,9 @@ class ReplayEngine:
     chat_template = None
     bos_text, eos_text = "", ""
     # greedy loops ask for the argmax ids (ids=True), never built as rows; its clock models seconds
-    capabilities = Capabilities(returns_ids=True, shares_passes=True, modelled_clock=True, keeps_prefix=True)
+    # (prefill_frees_host: where its cost table is an accelerator's)
+    capabilities = Capabilities(returns_ids=True, shares_passes=True, modelled_clock=True, keeps_prefix=True,
+                                prefill_frees_host=True)
     prefix: KeptKV  # KeepsPrefix: what a deployment's server kept from its last request
 
     def __init__(self, model: RowModel, costs: CostTable, host: str | float | None = None,
@@ -95,6 +100,14 @@ class ReplayEngine:
         # requests in each step (the costs are priced among them: CostTable.at_batch); a step waits
         # for every one's host time, so it goes on the clock this many times
         self.batch = batch
+        # an accelerator's costs: the loop builds its proposer beside the prefill (beside_prefill)
+        self.capabilities = replace(self.capabilities, prefill_frees_host=self.capabilities.prefill_frees_host
+                                    and costs.prefill_off_host)
+        self._prefill_s = 0.0  # the modelled seconds of the last prefill
+        self._hidden_s = 0.0  # host time beside the prefill it covered, not yet taken off the next gap
+        # [seconds of host work beside prefills, their modelled seconds, the part of the work they
+        # covered]: trace_replay.seconds_at_step covers it again at another step time
+        self.beside = [0.0, 0.0, 0.0]
         self.passes = 0  # forward passes: steps, score passes, shared passes
         self._since: float | None = None  # wall clock when the last pass returned
         ids = model.prompt_ids + model.cot_ids + model.answer_ids + model.draft_ids + model.forced_end_ids
@@ -147,10 +160,19 @@ class ReplayEngine:
 
     def prefill(self, token_ids: Sequence[int]) -> int:
         reused = self.prefix.take(token_ids)  # fed already, by the deployment's last request
-        self.seconds += self.costs.prefill(len(token_ids) - reused, reused)
+        self._prefill_s = self.costs.prefill(len(token_ids) - reused, reused)
+        self.seconds += self._prefill_s
         seq = self._new(list(token_ids), None)
         self._since = time.perf_counter()  # the request's setup till its first pass is host time too
         return seq
+
+    def beside_prefill(self, seconds: float) -> float:
+        """The loop's `seconds` of host work ran beside the last prefill: the part its modelled
+        seconds cover (returned) comes off the host time measured till the next call."""
+        covered = min(seconds, self._prefill_s)
+        self._hidden_s += covered
+        self.beside = [self.beside[0] + seconds, self.beside[1] + self._prefill_s, self.beside[2] + covered]
+        return covered
 
     def fork(self, seq: int) -> int:
         self._begin(is_pass=False)  # an engine call (a KV-cache operation), not the loop's host time
@@ -206,6 +228,7 @@ class ReplayEngine:
             return
         now = time.perf_counter()
         gap, self._since = now - self._since, now
+        gap, self._hidden_s = gap - min(gap, self._hidden_s), 0.0  # (the loop built after the prefill returned)
         self.host_s += gap
         if self.host == "measured":
             self.seconds += gap * self.batch
@@ -280,7 +303,9 @@ class ChainReplayEngine(ReplayEngine):
     as vLLM's drafter drafts them (Capabilities.drafts_per_step; the parity test:
     tests/test_chain_parity.py)."""
 
-    capabilities = replace(ReplayEngine.capabilities, drafts_per_step=True)
+    # vLLM's drafter meets a request after its prefill's step (the request's proposer is built then,
+    # engines/vllm_drafter.py), so nothing runs beside a prefill
+    capabilities = replace(ReplayEngine.capabilities, drafts_per_step=True, prefill_frees_host=False)
 
     def __init__(self, model: RowModel, costs: CostTable, **kwargs) -> None:
         super().__init__(model, costs, **{"max_sequences": 1, **kwargs})
@@ -339,6 +364,9 @@ class RecordedSpans:
 
     def add_source(self, token_ids: Sequence[int]) -> None:
         """The run's spans are replayed as they were."""
+
+    def prepare(self) -> None:
+        """Nothing deferred."""
 
     def observe(self, token_ids: Sequence[int]) -> None:
         if self.in_answer:

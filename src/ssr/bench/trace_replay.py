@@ -117,7 +117,8 @@ def replay_trace(tokens: TokenTrace, mode: str, setting: CostSetting, order: str
             "engine": setting.name, "order": order, "metrics": result.metrics.as_dict(),
             "prompt_ids": tokens.prompt_ids, "cot_ids": engine.cot, "answer_ids": engine.answer,
             "draft_ids": [], "forced_ids": result.forced_ids, "trace": result.trace, "identical": identical,
-            "host": {"s": engine.host_s, "passes": engine.passes, "wall_s": wall_s, "on_clock": host},
+            "host": {"s": engine.host_s, "passes": engine.passes, "wall_s": wall_s, "on_clock": host,
+                     "beside_prefill": engine.beside},
             "step_s": setting.costs.step(1), "candidates": candidates, "batch": setting.batch,
             **({"turn": trace.turn, "parts": part_runs(tokens.answer_parts)} if trace.turn or tokens.answer_parts
                else {})}
@@ -152,10 +153,13 @@ def seconds_at_step(row: dict, step_ms: float) -> float:
     """A row's seconds with the cost table scaled so a step takes step_ms, and the loop's host
     time added once: where the replay put it on the modelled clock (`--host-time`) it is taken out
     before the scaling (host time is absolute) and added back after. Among `batch` requests a step
-    waits for every one's host time (CostSetting.batch): the row's counts that many times."""
-    host_s = row["host"]["s"] * row.get("batch", 1)
+    waits for every one's host time (CostSetting.batch): the row's counts that many times. Host
+    work that ran beside the prefill is covered again by the prefill's seconds at step_ms."""
+    batch, scale = row.get("batch", 1), (step_ms / 1e3) / row["step_s"]
+    host_s = row["host"]["s"] * batch
     modelled_s = row["metrics"]["total_s"] - (host_s if row["host"].get("on_clock") is not None else 0.0)
-    return modelled_s * (step_ms / 1e3) / row["step_s"] + host_s
+    beside, prefill_s, covered = row["host"].get("beside_prefill", (0.0, 0.0, 0.0))
+    return modelled_s * scale + host_s + (covered - min(beside, prefill_s * scale, covered)) * batch
 
 
 def pass_table(rows: list[dict], step_ms: float = 6.0) -> list[dict]:

@@ -78,6 +78,10 @@ class Capabilities:
     # drafted after each step's sampled tokens, so none before the prefill's own token and one right
     # after the CoT's end marker, priced on the cost table as given (the drafter times no pass)
     drafts_per_step: bool = False
+    # its prefill runs off the host (an accelerator computes it while the host waits), so the loop
+    # builds the request's proposer meanwhile (Sequences.prefill_beside); on a CPU engine the
+    # prefill holds the cores the build would take, so it builds after
+    prefill_frees_host: bool = False
 
 
 class ReturnsIds(Protocol):
@@ -114,6 +118,10 @@ class ModelledClock(Protocol):
 
     def pass_clock(self) -> float:
         """The same less any of the loop's own time put on it: the seconds of its calls alone."""
+
+    def beside_prefill(self, seconds: float) -> float:
+        """The loop's host work of `seconds` ran beside the last prefill (prefill_frees_host): the
+        part the prefill's modelled seconds cover (returned) is no host time of the request's."""
 
 
 class PassTimer:

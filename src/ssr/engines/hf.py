@@ -33,6 +33,7 @@ tests/test_engine_contract.py checks the result bit for bit, as for llama.cpp.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -241,6 +242,8 @@ class TransformersEngine(SequenceSlots):
         self._model = hf_model.eval()
         self._tokenizer = tokenizer
         self.device = str(next(hf_model.parameters()).device)
+        # on a GPU the host waits out a prefill, so the loop indexes the prompt meanwhile
+        self.capabilities = replace(self.capabilities, prefill_frees_host=self.device.startswith("cuda"))
         self.dtype = str(next(hf_model.parameters()).dtype).removeprefix("torch.")
         _check_attention_layers(self._model.config, context_size)
         self.name = name

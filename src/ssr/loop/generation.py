@@ -90,11 +90,11 @@ class Generation(Walk):
         clock, drafts = self.clock, self.children.drafts
         clock.restart()
         try:
-            self.seqs.prefill(self.prompt_ids[:-1])
+            # the prompt's sources are indexed while an accelerator prefills it (after, on a CPU)
+            proposer = self._request_proposer(self.seqs.prefill_beside(self.prompt_ids[:-1], self._build_proposer))
             kept = self.engine.prefix if self.engine.capabilities.keeps_prefix else None  # the last request's KV
             self.metrics.cached_prompt_tokens = kept.reused if kept is not None else 0
             since = clock.add("prefill", 0.0)
-            proposer = self._request_proposer()
             # 1. think (a draft child forks at each stage budget; CoT spans, beside it where passes are shared)
             pending, cot_end = yield from self._think(self.prompt_ids[-1], proposer)
             since = clock.add("cot", since)
@@ -123,12 +123,20 @@ class Generation(Walk):
         if isinstance(proposer, CompetingProposers):  # ssr's: what it borrowed goes back
             proposer.end()
 
-    def _request_proposer(self) -> Proposer | None:
-        """The mode's proposer (or the one given), its shape told to the candidate pass."""
+    def _build_proposer(self) -> Proposer | None:
+        """The mode's proposer (or the one given), the prompt indexed: it reads the request's
+        settings and the response history only (it may run beside the prefill)."""
+        spec, proposer = self.speculation, self._proposer
+        if proposer is None:
+            proposer = request_proposer(self.config, spec.extend, self.prompt_ids, self.history, several=spec.several,
+                                        wide=spec.wide, trie=spec.trie, views=self.views, lookup=spec.lookup)
+            if proposer is not None:
+                proposer.prepare()  # what it would index at its first pass, indexed here
+        return proposer
+
+    def _request_proposer(self, proposer: Proposer | None) -> Proposer | None:
+        """The proposer built, its shape told to the candidate pass."""
         spec = self.speculation
-        proposer = self._proposer or request_proposer(self.config, spec.extend, self.prompt_ids, self.history,
-                                                      several=spec.several, wide=spec.wide, trie=spec.trie,
-                                                      views=self.views, lookup=spec.lookup)
         if proposer is not None:
             self.candidates.shape = proposer.shape
             if proposer.shape.tree and not tree_passes(self.engine):

@@ -4,13 +4,24 @@ and the CoT's banned tokens masked in one place."""
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
 
 import numpy as np
 
 from ..pricing.costs import CostModel
 from ..engines.base import PassTimer
 from ..metrics import Metrics
+
+T = TypeVar("T")
+
+
+def _timed(call: Callable[[], T]) -> tuple[T, float]:
+    """call's value and the wall seconds it took."""
+    start = time.perf_counter()
+    value = call()
+    return value, time.perf_counter() - start
 
 
 class Sequences:
@@ -37,6 +48,24 @@ class Sequences:
         """The parent: a new sequence holding the prompt (its last token stays pending)."""
         self.parent = self.own(self.engine.prefill(token_ids))
         return self.parent
+
+    def prefill_beside(self, token_ids: Sequence[int], build: Callable[[], T]) -> T:
+        """prefill, with build() run meanwhile on another thread where the engine's prefill leaves
+        the host free (Capabilities.prefill_frees_host), else after it; build's value. An engine
+        that models its clock is told how long build ran (ModelledClock.beside_prefill)."""
+        capabilities = self.engine.capabilities
+        if not capabilities.prefill_frees_host:
+            self.prefill(token_ids)
+            return build()
+        if capabilities.modelled_clock:  # a replay's prefill takes no wall time: build after it, and
+            self.prefill(token_ids)  # what the prefill's modelled seconds cover of it is the
+            value, seconds = _timed(build)  # prefill's, as inside a real prefill call's wall time
+            self.engine.seconds += self.engine.beside_prefill(seconds)
+            return value
+        with ThreadPoolExecutor(1, thread_name_prefix="ssr-setup") as pool:
+            built = pool.submit(build)
+            self.prefill(token_ids)  # (should it raise, the pool still waits for build first)
+            return built.result()
 
     def fork(self, seq: int) -> int:
         return self.own(self.engine.fork(seq))

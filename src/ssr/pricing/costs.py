@@ -61,6 +61,12 @@ class CostTable:
         return num_tokens * _floored(self.prefill_token_s,
                                      self.prefill_context_s * (2 * cached + num_tokens - self.context_tokens) / 2)
 
+    @property
+    def prefill_off_host(self) -> bool:
+        """Whether these are an accelerator's costs (the GPU preset, or a table the device check
+        measured on one), whose prefill leaves the host free (Capabilities.prefill_frees_host)."""
+        return self.source.startswith(GPU_PRESET_SOURCE) or self.meta.get("device", "cpu") != "cpu"
+
     def at_batch(self, batch: int) -> CostTable:
         """The costs one request sees among `batch` requests decoded together (vLLM's running
         batch): a pass is priced by the tokens it carries in all, and every request in the batch
@@ -129,8 +135,11 @@ def gpu_preset(step: float = 0.015) -> CostTable:
         step_s={1: step, 2: step * 1.02, 4: step * 1.05},
         score_s={8: step, 32: step * 1.02, 128: step * 1.1, 256: step * 1.25, 512: step * 2.0},
         prefill_token_s=step / 200,
-        source="gpu preset (assumed: batch of 2 ~ 1.02 steps, verify <= 256 tokens ~ 1-1.25 steps)",
+        source=f"{GPU_PRESET_SOURCE} (assumed: batch of 2 ~ 1.02 steps, verify <= 256 tokens ~ 1-1.25 steps)",
     )
+
+
+GPU_PRESET_SOURCE = "gpu preset"  # how gpu_preset's tables' source begins
 
 
 def load_costs(spec: str) -> CostTable:

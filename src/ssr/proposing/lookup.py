@@ -131,6 +131,9 @@ class LookupProposer(PromptLookupProposer):
         self._before[:], self.frequent.top[:] = before, top
         self._pending, self._journal, self._saved = [], [], set()
 
+    def prepare(self) -> None:
+        self._index()
+
     @property
     def tokens(self) -> list[int]:
         """Everything the model has seen, indexed (the pending tokens first)."""

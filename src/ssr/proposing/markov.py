@@ -106,6 +106,12 @@ class MarkovProposer(OneSource):
     def add_source(self, token_ids: Sequence[int]) -> None:
         """Drafts are the suffix tree's and lookup's to copy from."""
 
+    def prepare(self) -> None:
+        """The pending tokens counted (the loop's proposer, built beside a prefill; vLLM's drafter
+        leaves them till it drafts from this source)."""
+        if self._pending:
+            self.hashes, self._pending = self.model.add(self._pending, self.hashes), []
+
     def candidates(self, max_tokens: int) -> list[tuple[Source, list[int]]]:
         span, first = self.draft(max_tokens)
         return [(Source.of("markov", min(first, 4)) if first else UNMATCHED, span)] if span else []
@@ -115,8 +121,7 @@ class MarkovProposer(OneSource):
 
     def draft(self, limit: int) -> tuple[list[int], int]:
         """(span of at most `limit` and SPAN tokens, the match its first token followed)."""
-        if self._pending:
-            self.hashes, self._pending = self.model.add(self._pending, self.hashes), []
+        self.prepare()
         earlier = self.earlier.model if self.earlier is not None and self.earlier.model.tokens else None
         hashes, span, first, top = self.hashes, [], 0, ORDER
         while len(span) < min(limit, SPAN):

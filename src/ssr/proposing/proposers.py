@@ -52,6 +52,10 @@ class Proposer(Protocol):
     def candidates(self, max_tokens: int) -> list[tuple[Source, list[int]]]:
         """(source, span) of every non-empty proposal, for a span policy to choose from."""
 
+    def prepare(self) -> None:
+        """Index now what it would index at its first proposal (the prompt): the loop calls it
+        as it builds the proposer, beside the prefill where the engine allows."""
+
 
 class OneSource:
     """`candidates` for a proposer that is a single source named `source`."""
@@ -59,6 +63,9 @@ class OneSource:
     source = NO_SOURCE
     shape = CHAIN
     implementation = None
+
+    def prepare(self) -> None:
+        """Nothing deferred (by default)."""
 
     def candidates(self, max_tokens: int) -> list[tuple[Source, list[int]]]:
         span, _ = self.propose(max_tokens)
@@ -93,6 +100,10 @@ class CompetingProposers:
     def add_source(self, token_ids: Sequence[int]) -> None:
         for proposer in self.proposers.values():
             proposer.add_source(token_ids)
+
+    def prepare(self) -> None:
+        for proposer in self.proposers.values():
+            proposer.prepare()
 
     def propose(self, max_tokens: int) -> tuple[list[int], list[float] | None]:
         for proposer in self.proposers.values():

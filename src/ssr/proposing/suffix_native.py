@@ -53,6 +53,9 @@ class NativeSuffixProposer:
         self.tree.extend(self._sequences, list(token_ids))
         self._sequences += 1
 
+    def prepare(self) -> None:
+        """Nothing deferred: the prompt's tree is built as the proposer is made."""
+
     def observe(self, token_ids: Sequence[int]) -> None:
         if token_ids:
             self.tree.extend(1, list(token_ids))
@@ -141,6 +144,9 @@ class BestSpan:
 
     def __init__(self, suffix) -> None:
         self.suffix = suffix  # the viewed source: its trees, context and params
+
+    def prepare(self) -> None:
+        """The viewed source's to do."""
 
     def candidates(self, max_tokens: int) -> list[tuple[Source, list[int]]]:
         return self.suffix._candidates(max_tokens, 0)

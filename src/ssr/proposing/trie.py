@@ -171,6 +171,9 @@ class TrieProposer:
     def add_source(self, token_ids: Sequence[int]) -> None:
         """Drafts are the suffix tree's to copy from."""
 
+    def prepare(self) -> None:
+        """Nothing deferred: the prompt is written as the proposer is made."""
+
     def observe(self, token_ids: Sequence[int]) -> None:
         self._sync()
         trie, text, anchors, fresh = self.trie, self.text, self.anchors, self.fresh

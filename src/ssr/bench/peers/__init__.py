@@ -19,6 +19,9 @@ class TreeSource:
 
     implementation = None
 
+    def prepare(self) -> None:
+        """Nothing deferred."""
+
     def propose(self, max_tokens: int) -> tuple[list[int], list[float] | None]:
         found = self.candidates(max_tokens)
         return (found[0][1], None) if found else ([], None)
