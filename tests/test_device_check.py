@@ -56,6 +56,9 @@ def test_what_travels_fits_and_the_check_runs_with_only_torch_transformers_numpy
     costs = load_costs(str(tmp_path / "check" / "costs-cpu-tiny-float32.json"))  # as `ssr simulate --cost-model`
     assert costs.step_s[1] > 0 and 512 in costs.score_s and costs.meta["weights"].startswith("random")
     assert "| step, sequences 1 |" in (tmp_path / "check" / "summary.md").read_text()
+    beside = result["beside"]  # the proposer beside a prefill: on a CPU it is built after it
+    assert beside["beside"] is False and beside["tokens"] == 1500
+    assert beside["both_s"] >= 0.5 * (beside["prefill_s"] + beside["build_s"]) > 0
 
 
 @pytest.mark.model

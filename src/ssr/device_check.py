@@ -164,6 +164,51 @@ def pass_probe(engine, context: int, repeats: int) -> dict[str, float]:
     return out
 
 
+def beside_probe(engine, tokens: int, repeats: int) -> dict[str, float]:
+    """Median seconds of a prefill of `tokens` alone, of ssr's proposer built over them alone (as
+    on a token tree, prepared), and of the two as the loop runs them (Sequences.prefill_beside:
+    the build on another thread where the engine's prefill frees the host, after it elsewhere).
+    On a GPU the last should be the prefill's: the build hidden, the prefill not slowed by it."""
+    import random
+    import statistics
+
+    from .config import GenerationConfig
+    from .loop.sequences import Sequences
+    from .metrics import Metrics
+    from .pricing.costs import CostModel
+    from .proposing.proposers import request_proposer
+
+    start, rng = min(1000, engine.vocab_size // 2), random.Random(0)
+    ids = min(2000, engine.vocab_size - start)  # text with repeats, as a prompt has: 2,000 distinct ids
+    # a prompt of its own for every call, so that none finds the last one's kept KV (engines/prefix.py)
+    prompts = [[start + rng.randrange(ids) for _ in range(tokens)] for _ in range(3 * (repeats + 1))]
+    config = GenerationConfig(mode="ssr")
+
+    def build(prompt=None):
+        proposer = request_proposer(config, 0.1, prompt or prompts.pop(), None, several=True, wide=True, trie=True)
+        proposer.prepare()
+        return proposer
+
+    def prefill() -> None:
+        engine.release(engine.prefill(prompts.pop()))
+
+    def both() -> None:
+        seqs, prompt = Sequences(engine, CostModel(), Metrics(mode="ssr"), (), False), prompts.pop()
+        seqs.prefill_beside(prompt, lambda: build(prompt))
+        seqs.drop_all()
+
+    def timed(call) -> float:
+        times = []
+        for _ in range(repeats + 1):  # the first warms up
+            begun = time.perf_counter()
+            call()  # (a prefill returns once its pass is over: the engine synchronises)
+            times.append(time.perf_counter() - begun)
+        return statistics.median(times[1:])
+
+    return {"tokens": tokens, "prefill_s": timed(prefill), "build_s": timed(build), "both_s": timed(both),
+            "beside": engine.capabilities.prefill_frees_host}
+
+
 def identity(engine, arch: str, prompts: tuple[str, ...], budget: int) -> list[dict]:
     """ar vs ssr (drafting forced, three stages) and suffix on each prompt, greedy."""
     from . import SSR, GenerationConfig
@@ -210,6 +255,7 @@ def check_architecture(arch: str, args, log) -> dict:
                           "torch": torch.__version__, "weights": "random (speed does not depend on them)"})
     curve = context_curve(engine, args.contexts, args.repeats)
     passes = pass_probe(engine, args.context, args.repeats)
+    beside = beside_probe(engine, args.beside_tokens, args.repeats)
     rows = identity(engine, arch, PROMPTS[: args.prompts], args.budget)
     engine.close()
     del engine
@@ -220,7 +266,7 @@ def check_architecture(arch: str, args, log) -> dict:
     light.close()
     return {"architecture": arch, "config": ARCHITECTURES[arch], "device": device_name, "dtype": args.dtype,
             "build_s": built_s, "costs": json.loads(costs.to_json()), "preset": json.loads(gpu_preset().to_json()),
-            "context_curve": curve, "passes": passes, "skeleton_step_s": overhead_s,
+            "context_curve": curve, "passes": passes, "beside": beside, "skeleton_step_s": overhead_s,
             "launch_share": overhead_s / costs.step_s[1], "identity": rows,
             "seconds": time.perf_counter() - started}
 
@@ -259,6 +305,11 @@ def table(result: dict) -> str:
                                ("three_spans_17_with_child_s", "3 spans of 17 + a child's step (4 sequences)", 52)):
         modelled = measured.score(tokens) / step
         lines.append(f"| {label} | {passes[key]:.5f} | {passes[key] / step:.2f} | {modelled:.2f} |")
+    beside = result["beside"]
+    lines += ["", f"A {beside['tokens']}-token prompt's prefill and ssr's proposer built over it "
+              f"({'beside it, on another thread' if beside['beside'] else 'after it: this engine builds after'}): "
+              f"prefill {beside['prefill_s']:.4f} s, build {beside['build_s']:.4f} s, "
+              f"both {beside['both_s']:.4f} s = {beside['both_s'] / beside['prefill_s']:.2f} x the prefill."]
     identical = sum(row["identical"] for row in result["identity"])
     lines += ["", f"Python + launch overhead: a width-64 skeleton of the same layers steps in "
               f"{result['skeleton_step_s']:.5f} s = {result['launch_share']:.0%} of a step.",
@@ -293,6 +344,7 @@ def parse_args(argv: list[str] | None):
     args.context_size = 2048 if tiny else 8448
     args.prompts = 1 if args.quick else len(PROMPTS)
     args.budget = 48 if tiny else 128
+    args.beside_tokens = 1500 if tiny else 8000  # a prompt under the context size
     return args
 
 
