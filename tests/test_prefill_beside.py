@@ -119,3 +119,15 @@ def test_which_costs_are_an_accelerators():
     gpu = CostTable(step_s={1: 0.006}, score_s={8: 0.006}, prefill_token_s=3e-5, meta={"device": "NVIDIA H100 80GB HBM3"})
     assert gpu_preset().prefill_off_host and gpu_preset(0.006).at_batch(32).prefill_off_host and gpu.prefill_off_host
     assert not CPU.prefill_off_host and not replace(gpu, meta={"device": "cpu"}).prefill_off_host
+
+
+class OffHostFake(FakeEngine):
+    capabilities = replace(FakeEngine.capabilities, prefill_frees_host=True)
+    device = "cuda:0"
+
+
+def test_a_table_calibrated_where_the_prefill_frees_the_host_says_so():
+    from ssr.pricing.costs import calibrate
+
+    assert calibrate(OffHostFake(), repeats=1, context_tokens=32, score_sizes=(8, 32, 128)).prefill_off_host
+    assert not calibrate(FakeEngine(), repeats=1, context_tokens=32, score_sizes=(8, 32, 128)).prefill_off_host

@@ -174,7 +174,9 @@ def calibrate(engine, repeats: int = 5, context_tokens: int = 1024, progress=Non
     grown = longer - context_tokens
     return CostTable(step_s=step_s, score_s=score_s, prefill_token_s=prefill_s,
                  source="measured by ssr calibrate",
-                 meta={"date": time.strftime("%Y-%m-%d %H:%M")},
+                 # an engine whose prefill frees the host names its device: the replay builds beside it too
+                 meta={"date": time.strftime("%Y-%m-%d %H:%M"),
+                       **({"device": engine.device} if engine.capabilities.prefill_frees_host else {})},
                  context_tokens=context_tokens,
                  step_context_s=max(0.0, (step_long[1] - step_s[1]) / grown),
                  score_context_s=max(0.0, (score_long[128] - score_s[128]) / (128 * grown)),
