@@ -31,6 +31,7 @@ import os
 import sys
 import time
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 
 VOCAB = 151936  # Qwen2.5 / Qwen3 embedding rows
@@ -127,27 +128,13 @@ def pass_probe(engine, context: int, repeats: int) -> dict[str, float]:
     a fork (a branch or a child: the KV slot copied), a parent's 17-token span pass with a child's
     step in one pass (2 sequences), three 17-token candidate spans with a child's step (4
     sequences). `ssr simulate` prices such a pass as a score over all its tokens, a fork as free."""
-    import statistics
-
-    import torch
-
     from .pricing.costs import filler_ids as _filler
 
-    sync = torch.cuda.synchronize if engine.device.startswith("cuda") else (lambda: None)
     filler = _filler(engine, context)
     span = filler[:17]
     parent = engine.prefill(filler)
     child = engine.fork(parent)
-
-    def timed(call) -> float:
-        times = []
-        for _ in range(repeats + 1):  # the first warms up
-            sync()
-            start = time.perf_counter()
-            call()
-            sync()
-            times.append(time.perf_counter() - start)
-        return statistics.median(times[1:])
+    timed = partial(_median_seconds, engine=engine, repeats=repeats)
 
     def one_pass(feeds) -> None:
         engine.score_batch(feeds)
@@ -170,7 +157,6 @@ def beside_probe(engine, tokens: int, repeats: int) -> dict[str, float]:
     the build on another thread where the engine's prefill frees the host, after it elsewhere).
     On a GPU the last should be the prefill's: the build hidden, the prefill not slowed by it."""
     import random
-    import statistics
 
     from .config import GenerationConfig
     from .loop.sequences import Sequences
@@ -197,16 +183,27 @@ def beside_probe(engine, tokens: int, repeats: int) -> dict[str, float]:
         seqs.prefill_beside(prompt, lambda: build(prompt))
         seqs.drop_all()
 
-    def timed(call) -> float:
-        times = []
-        for _ in range(repeats + 1):  # the first warms up
-            begun = time.perf_counter()
-            call()  # (a prefill returns once its pass is over: the engine synchronises)
-            times.append(time.perf_counter() - begun)
-        return statistics.median(times[1:])
-
+    timed = partial(_median_seconds, engine=engine, repeats=repeats)
     return {"tokens": tokens, "prefill_s": timed(prefill), "build_s": timed(build), "both_s": timed(both),
             "beside": engine.capabilities.prefill_frees_host}
+
+
+def _median_seconds(call, engine, repeats: int) -> float:
+    """Median wall seconds of call() over `repeats` runs after one that warms up, the engine's
+    device synchronised around each."""
+    import statistics
+
+    import torch
+
+    sync = torch.cuda.synchronize if engine.device.startswith("cuda") else (lambda: None)
+    times = []
+    for _ in range(repeats + 1):
+        sync()
+        start = time.perf_counter()
+        call()
+        sync()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times[1:])
 
 
 def identity(engine, arch: str, prompts: tuple[str, ...], budget: int) -> list[dict]:
