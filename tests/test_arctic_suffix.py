@@ -41,12 +41,12 @@ def test_a_live_response_is_cached_once_and_the_next_request_copies_it():
 
 
 def test_the_suffix_mode_runs_on_it_and_stays_lossless():
-    config = GenerationConfig(mode="suffix", thinking_budget=40, max_tokens=60, policy="fixed")
+    config = GenerationConfig(mode="suffix", thinking_budget=40, max_answer_tokens=60, policy="fixed")
     prompt = [ord(c) for c in "Please complete the class Stack."]
     history = ResponseHistory()
     first = Generation(FakeEngine(), FORMATS["code"], config, prompt, history=history).run()
     second = Generation(FakeEngine(), FORMATS["code"], config, prompt, history=history).run()
-    plain = Generation(FakeEngine(), FORMATS["code"], GenerationConfig(mode="ar", thinking_budget=40, max_tokens=60,
+    plain = Generation(FakeEngine(), FORMATS["code"], GenerationConfig(mode="ar", thinking_budget=40, max_answer_tokens=60,
                                                                        policy="fixed"), prompt).run()
     assert first.output_ids == second.output_ids == plain.output_ids
     assert first.metrics.engine["suffix_tree"] == "arctic-inference"

@@ -104,7 +104,7 @@ class ClockedEngine(FakeEngine):
 
 
 def run(mode, prompt, order=2, costs=None, engine=None, **overrides):
-    options = dict(mode=mode, thinking_budget=120, draft_at=30, draft_tokens=40, max_tokens=80, policy="fixed")
+    options = dict(mode=mode, thinking_budget=120, draft_at=30, draft_tokens=40, max_answer_tokens=80, policy="fixed")
     options.update(overrides)
     engine = engine or ClockedEngine(costs or gpu_preset(), order=order)
     generation = Generation(engine, FMT, GenerationConfig(**options), prompt, costs=CostModel(table=costs or gpu_preset()))

@@ -86,7 +86,7 @@ def test_vllm_not_installed_is_one_line(capsys):
         pytest.skip("vllm is installed here (its own tests cover it)")
     assert main(["generate", "hi", "--engine", "vllm"]) == 2
     err = capsys.readouterr().err
-    assert "--engine vllm is not installed" in err and "pip install 'ssr[vllm]'" in err
+    assert "--engine vllm is not installed" in err and "pip install -e '.[vllm]'" in err
     assert err.count("\n") == 1
 
 
@@ -100,7 +100,7 @@ def test_prompt_too_long_for_context(capsys):
 @pytest.mark.parametrize("policy", ["fixed", "auto"])
 def test_generate_json_end_to_end(policy):
     code, out, err = run_cli("generate", "Write a function is_even(n).", "--json", "--thinking-budget", "48",
-                             "--draft-at", "16", "--draft-tokens", "32", "--max-tokens", "48", "--policy", policy,
+                             "--draft-at", "16", "--draft-tokens", "32", "--max-answer-tokens", "48", "--policy", policy,
                              "--draft-interval", "12", *FAST)
     assert code == 0, err
     payload = json.loads(out)
@@ -123,7 +123,7 @@ def test_generate_json_end_to_end(policy):
 @pytest.mark.model
 def test_generate_stream_and_stdin():
     code, out, err = run_cli("generate", "-", "--stream", "--mode", "ar", "--thinking-budget", "24",
-                             "--max-tokens", "24", *FAST, stdin="Add two numbers in Python.")
+                             "--max-answer-tokens", "24", *FAST, stdin="Add two numbers in Python.")
     assert code == 0, err
     assert "```python" in out
     assert re.match(r"[\d.]+ s: thought \d+ tokens in [\d.]+ s.*, answered \d+ tokens in [\d.]+ s.*; "

@@ -218,7 +218,7 @@ def test_a_served_tool_calling_request_replays_from_its_log_line(tmp_path):
 
     log = tmp_path / "requests.jsonl"
     app = create_app(SSR("fake", engine=ScriptedEngine([WEATHER])), "fake", log_requests=str(log),
-                     defaults=GenerationConfig(thinking_budget=24, draft_at=8, max_tokens=256))
+                     defaults=GenerationConfig(thinking_budget=24, draft_at=8, max_answer_tokens=256))
     with TestClient(app) as http:
         reply = http.post("/v1/chat/completions", json={"model": "fake", "tools": [TOOL], "messages": [
             {"role": "user", "content": "Weather in Paris?"}]})

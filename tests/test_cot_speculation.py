@@ -25,7 +25,7 @@ class OnePerPassEngine(FakeEngine):
 
 
 def run(mode, prompt, order, shared=True, **overrides):
-    options = dict(mode=mode, thinking_budget=120, draft_at=40, draft_tokens=20, max_tokens=60, policy="fixed")
+    options = dict(mode=mode, thinking_budget=120, draft_at=40, draft_tokens=20, max_answer_tokens=60, policy="fixed")
     options.update(overrides)
     engine = (FakeEngine if shared else OnePerPassEngine)(order=order)
     result = Generation(engine, FMT, GenerationConfig(**options), prompt, banned_ids=BANNED).run()
@@ -90,7 +90,7 @@ def test_forks_land_on_stage_budgets_with_spans():
 def cot_prefix_counts(mode, seeds, positions=3, shared=None):
     counts = Counter()
     for seed in seeds:
-        config = GenerationConfig(mode=mode, thinking_budget=positions, max_tokens=8, draft_tokens=8, policy="fixed",
+        config = GenerationConfig(mode=mode, thinking_budget=positions, max_answer_tokens=8, draft_tokens=8, policy="fixed",
                                   draft_at=0, sampling=SamplingParams(temperature=1.0, seed=seed))
         result = Generation(FakeEngine(order=1, drift=1.5), FMT, config, PROMPTS[1]).run()
         counts[tuple(result.cot_ids)] += 1

@@ -18,7 +18,7 @@ PROMPT = [ord(c) for c in "Please complete the class Stack."]
 
 def run(mode, engine=None, **overrides):
     engine = engine or FakeEngine()
-    options = dict(mode=mode, thinking_budget=40, draft_at=15, draft_tokens=30, max_tokens=60, policy="fixed")
+    options = dict(mode=mode, thinking_budget=40, draft_at=15, draft_tokens=30, max_answer_tokens=60, policy="fixed")
     options.update(overrides)
     return Generation(engine, FMT, GenerationConfig(**options), PROMPT).run(), engine
 
@@ -73,7 +73,7 @@ def test_host_time_is_the_wall_time_outside_the_engine_and_the_reader(mode):
     """metrics.host_s: the request's wall time less the engine's calls and the reader's pauses;
     engine_passes counts every step and score pass."""
     engine = SlowEngine()
-    config = GenerationConfig(mode=mode, thinking_budget=40, draft_at=15, draft_tokens=30, max_tokens=60,
+    config = GenerationConfig(mode=mode, thinking_budget=40, draft_at=15, draft_tokens=30, max_answer_tokens=60,
                               policy="fixed")
     generation = Generation(engine, FMT, config, PROMPT)
     start = time.perf_counter()
@@ -92,7 +92,7 @@ def test_host_time_is_the_wall_time_outside_the_engine_and_the_reader(mode):
 @pytest.mark.parametrize("max_tokens", [1, 2, 5, 17])
 @pytest.mark.parametrize("mode", ["ar", "ssr"])
 def test_max_tokens_is_exact(max_tokens, mode):
-    result, _ = run(mode, max_tokens=max_tokens, draft_tokens=30)
+    result, _ = run(mode, max_answer_tokens=max_tokens, draft_tokens=30)
     assert len(result.answer_ids) == max_tokens
     assert result.metrics.stop == "max_tokens"
 
@@ -137,7 +137,7 @@ def answer_prefix_counts(mode, verify, seeds, positions=2, drift=1.5, engine=Fak
     counts = Counter()
     for seed in seeds:
         config = GenerationConfig(
-            mode=mode, thinking_budget=6, draft_at=2, draft_tokens=4, max_tokens=positions, policy="fixed",
+            mode=mode, thinking_budget=6, draft_at=2, draft_tokens=4, max_answer_tokens=positions, policy="fixed",
             sampling=SamplingParams(temperature=1.0, seed=seed), verify=verify,
             suffix=SuffixParams(max_depth=8, max_span=4),
         )
@@ -166,7 +166,7 @@ def output_prefix_counts(mode, seeds, engine, positions=3):
     """Counts of the output's first CoT tokens, GPU-like costs (several candidates a pass)."""
     counts = Counter()
     for seed in seeds:
-        config = GenerationConfig(mode=mode, thinking_budget=8, draft_at=7, draft_tokens=4, max_tokens=2,
+        config = GenerationConfig(mode=mode, thinking_budget=8, draft_at=7, draft_tokens=4, max_answer_tokens=2,
                                   policy="fixed", sampling=SamplingParams(temperature=1.0, seed=seed),
                                   suffix=SuffixParams(max_depth=8, max_span=4))
         result = Generation(engine(order=2, drift=1.5), FMT, config, PROMPT, costs=CostModel(table=gpu_preset())).run()

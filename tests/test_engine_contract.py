@@ -36,7 +36,7 @@ def engine(request):
     if kind == "fake-tree":  # the fake model with tree attention (score_tree, keep_path)
         return FakeTreeEngine()
     if kind == "transformers":
-        pytest.importorskip("transformers", reason="the transformers engine needs  pip install 'ssr[torch]'")
+        pytest.importorskip("transformers", reason="the transformers engine needs  pip install -e '.[torch]'")
     return load_engine(options["model"], kind, context_size=2048)
 
 

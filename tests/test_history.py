@@ -35,7 +35,7 @@ def test_suffix_proposer_copies_an_earlier_response():
 
 
 def test_a_repeated_request_copies_from_the_first_and_stays_identical():
-    config = GenerationConfig(mode="suffix", thinking_budget=40, max_tokens=60, policy="fixed")
+    config = GenerationConfig(mode="suffix", thinking_budget=40, max_answer_tokens=60, policy="fixed")
     history = ResponseHistory()
     first = Generation(FakeEngine(), FORMATS["code"], config, PROMPT, history=history).run()
     second = Generation(FakeEngine(), FORMATS["code"], config, PROMPT, history=history).run()
@@ -57,7 +57,7 @@ def test_bench_histories_hold_earlier_items_only(tmp_path):
 
     model.start = spy
     items = [Item("fake", str(i), f"Write thing number {i}.") for i in range(3)]
-    config = GenerationConfig(thinking_budget=16, max_tokens=16, policy="fixed", draft_at=4)
+    config = GenerationConfig(thinking_budget=16, max_answer_tokens=16, policy="fixed", draft_at=4)
     rows = run_bench({"llama.cpp": model}, items, ["ar", "suffix"], config, repeats=2,
                      out_path=tmp_path / "runs.jsonl", progress=False)
     outputs = {(row["item"], row["mode"], row["repeat"]): row["cot_ids"] for row in rows}

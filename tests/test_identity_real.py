@@ -41,7 +41,7 @@ def test_smollm_greedy_identity(smollm, index, record_property):
     report = []
     interval = 20 if index % 2 else 0  # odd items: multi-stage, forks at 32, 52, 72, 92
     ar, ssr = check_identity(smollm, SMOL_PROMPTS[index], report, thinking_budget=96,
-                             draft_at=32, draft_tokens=64, max_tokens=96, draft_interval=interval)
+                             draft_at=32, draft_tokens=64, max_answer_tokens=96, draft_interval=interval)
     record_property("divergence", report)
     m = ssr.metrics
     if m.cot_tokens > 32:  # the CoT reached b_d: a draft was written and verified
@@ -55,7 +55,7 @@ def test_smollm_greedy_identity(smollm, index, record_property):
 @pytest.mark.parametrize("mode", ["ssr-prefix", "ssr-suffix", "suffix", "pld"])
 def test_smollm_other_modes_identity(smollm, mode):
     prompt = SMOL_PROMPTS[0]
-    budgets = dict(thinking_budget=64, draft_at=16, draft_tokens=48, max_tokens=64, policy="fixed")
+    budgets = dict(thinking_budget=64, draft_at=16, draft_tokens=48, max_answer_tokens=64, policy="fixed")
     ar = smollm.generate(prompt, GenerationConfig(mode="ar", **budgets))
     got = smollm.generate(prompt, GenerationConfig(mode=mode, **budgets))
     divergence = first_divergence(smollm.engine, smollm.prompt_ids(prompt), ar, got)
@@ -64,7 +64,7 @@ def test_smollm_other_modes_identity(smollm, mode):
 
 @pytest.fixture(scope="module")
 def smollm_transformers():
-    pytest.importorskip("transformers", reason="the transformers engine needs  pip install 'ssr[torch]'")
+    pytest.importorskip("transformers", reason="the transformers engine needs  pip install -e '.[torch]'")
     return SSR("smollm2-135m", engine="transformers", context_size=4096)
 
 
@@ -73,7 +73,7 @@ def test_smollm_transformers_greedy_identity(smollm_transformers, index):
     """The same check on the transformers engine (float32, GGUF weights dequantized)."""
     report = []
     _, ssr = check_identity(smollm_transformers, SMOL_PROMPTS[index * 3], report, thinking_budget=96,
-                            draft_at=32, draft_tokens=64, max_tokens=96)
+                            draft_at=32, draft_tokens=64, max_answer_tokens=96)
     m = ssr.metrics
     print(f"[{index}] accepted prefix {m.accepted_prefix_tokens}, suffix {m.answer_accepted_tokens}"
           f"/{m.answer_proposed_tokens}; {report or 'identical'}")
@@ -92,7 +92,7 @@ def qwen():
 def test_qwen_greedy_identity(qwen, index):
     report = []
     ar, ssr = check_identity(qwen, QWEN_PROMPTS[index], report, thinking_budget=192,
-                             draft_at=64, draft_tokens=128, max_tokens=160)
+                             draft_at=64, draft_tokens=128, max_answer_tokens=160)
     m = ssr.metrics
     print(f"[{index}] accepted prefix {m.accepted_prefix_tokens}, suffix {m.answer_accepted_tokens}"
           f"/{m.answer_proposed_tokens}; {report or 'identical'}")
@@ -114,7 +114,7 @@ def gpu_priced(model, prompt, mode, **budgets):
 @pytest.mark.parametrize("engine_name", ["llama.cpp", "transformers"])
 def test_branches_and_shared_passes_keep_greedy_identity(smollm, engine_name, request):
     model = smollm if engine_name == "llama.cpp" else request.getfixturevalue("smollm_transformers")
-    budgets = dict(thinking_budget=96, draft_at=24, draft_tokens=64, max_tokens=96)
+    budgets = dict(thinking_budget=96, draft_at=24, draft_tokens=64, max_answer_tokens=96)
     branched = shared = 0
     for prompt in SMOL_PROMPTS[:6] if engine_name == "llama.cpp" else SMOL_PROMPTS[:2]:
         ar = gpu_priced(model, prompt, "ar", **budgets)

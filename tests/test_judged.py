@@ -90,7 +90,7 @@ def test_a_chain_judges_and_its_output_is_still_plain_decodings(prompt, monkeypa
     monkeypatch.setattr(SpanPolicy, "observe_judged", lambda self, each: (judged.extend(each), observe(self, each)))
     results = {}
     for mode in ("ar", "ssr"):
-        config = GenerationConfig(mode=mode, thinking_budget=120, max_tokens=80, policy="fixed")
+        config = GenerationConfig(mode=mode, thinking_budget=120, max_answer_tokens=80, policy="fixed")
         generation = Generation(FakeEngine(order=2, max_sequences=1), FORMATS["code"], config,
                                 [ord(c) for c in prompt], costs=CostModel(table=gpu_preset()), plan=NO_DRAFT)
         results[mode] = generation.run()

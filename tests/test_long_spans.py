@@ -18,7 +18,7 @@ CPU = CostTable(step_s={1: 0.04, 2: 0.07}, score_s={8: 0.16, 32: 0.6, 128: 2.3},
 
 
 def generation(mode, prompt, order, costs, **overrides):
-    options = dict(mode=mode, thinking_budget=120, draft_at=40, draft_tokens=20, max_tokens=60, policy="fixed")
+    options = dict(mode=mode, thinking_budget=120, draft_at=40, draft_tokens=20, max_answer_tokens=60, policy="fixed")
     options.update(overrides)
     return Generation(FakeEngine(order=order), FMT, GenerationConfig(**options), prompt,
                       costs=CostModel(table=costs))

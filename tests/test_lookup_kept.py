@@ -109,7 +109,7 @@ def test_a_conversations_next_turn_through_the_loop_keeps_the_index_and_its_outp
     from ssr.loop import Generation
 
     prompt = [ord(c) for c in "Please complete the class Stack, and then the class Queue. " * 4]
-    config, history = GenerationConfig(mode="ssr", thinking_budget=80, max_tokens=60), ResponseHistory()
+    config, history = GenerationConfig(mode="ssr", thinking_budget=80, max_answer_tokens=60), ResponseHistory()
     first = Generation(FakeEngine(), FORMATS["code"], config, prompt, history=history).run()
     kept = history.borrow(LOOKUP_INDEX)
     assert kept is not None

@@ -57,7 +57,7 @@ def test_multistage_sampling_distribution_matches_plain_decoding():
     counts, multistage = {}, 0
     for seed in range(20000, 21500):
         config = GenerationConfig(
-            mode="ssr", thinking_budget=6, draft_at=1, draft_interval=2, draft_tokens=4, max_tokens=2,
+            mode="ssr", thinking_budget=6, draft_at=1, draft_interval=2, draft_tokens=4, max_answer_tokens=2,
             policy="fixed", sampling=SamplingParams(temperature=1.0, seed=seed),
             suffix=SuffixParams(max_depth=8, max_span=4),
         )

@@ -115,7 +115,7 @@ SMOL_LLAMA_CPU = CostTable(step_s={1: 0.0147, 2: 0.0333}, score_s={8: 0.04, 32: 
                        prefill_token_s=0.002)
 SMOL_TORCH_CPU = CostTable(step_s={1: 0.082, 2: 0.106, 4: 0.181}, score_s={8: 0.088, 32: 0.13, 128: 0.356, 512: 1.848},
                        prefill_token_s=0.0019)
-CONFIG = GenerationConfig(mode="ssr", thinking_budget=1024, draft_at=64, draft_tokens=256, max_tokens=1536)
+CONFIG = GenerationConfig(mode="ssr", thinking_budget=1024, draft_at=64, draft_tokens=256, max_answer_tokens=1536)
 
 PLANS = [
     ("GPU: drafting is nearly free", gpu_preset(), True),
@@ -144,8 +144,13 @@ def test_plan_learns_when_to_fork_and_how_long_to_draft():
     plan = plan_request(CONFIG, CostModel(table=gpu_preset()), stats)
     assert plan.draft_tokens == 150  # the typical answer, not the 256 allowed
     assert plan.stages == (500 - 150,)  # late enough to see most of the CoT, early enough to finish
-    multi = plan_request(GenerationConfig(mode="ssr", draft_interval=100), CostModel(table=gpu_preset()), stats)
+    multi = plan_request(GenerationConfig(mode="ssr", draft_interval=100, thinking_budget=1024),
+                         CostModel(table=gpu_preset()), stats)
     assert multi.stages == (350, 450, 550, 650, 750, 850, 950)
+    # no budget: stages run to the request's own CoT cap (the walk's output limit)
+    unbounded = plan_request(GenerationConfig(mode="ssr", draft_interval=100), CostModel(table=gpu_preset()), stats,
+                             cot_cap=700)
+    assert unbounded.stages == (350, 450, 550, 650)
 
 
 def test_plan_prices_cot_spans_a_child_turns_off_unless_passes_are_shared():
@@ -338,12 +343,12 @@ def test_requests_hand_their_span_acceptance_to_the_next():
     from ssr.formats.thinking import FORMATS
 
     stats = PolicyStats()
-    config = GenerationConfig(mode="ssr", thinking_budget=40, max_tokens=60, policy="fixed", draft_at=0)
+    config = GenerationConfig(mode="ssr", thinking_budget=40, max_answer_tokens=60, policy="fixed", draft_at=0)
     prompt = [ord(c) for c in "Please complete the class Stack."]
     Generation(FakeEngine(), FORMATS["code"], config, prompt, stats=stats).run()
     assert set(stats.spans) == {"answer", "cot"} and stats.spans["answer"]
     plain = PolicyStats()
-    Generation(FakeEngine(), FORMATS["code"], GenerationConfig(mode="suffix", thinking_budget=40, max_tokens=60,
+    Generation(FakeEngine(), FORMATS["code"], GenerationConfig(mode="suffix", thinking_budget=40, max_answer_tokens=60,
                                                                policy="fixed"), prompt, stats=plain).run()
     assert plain.spans == {}  # the peers cut nothing: nothing to learn
 

@@ -17,7 +17,7 @@ from ssr.pricing.costs import CostTable, gpu_preset
 
 FMT = FORMATS["code"]
 PROMPT = [ord(c) for c in "Please complete the class Stack. class Stack: def push(self, item): self.items.append(item)"]
-CONFIG = GenerationConfig(mode="ssr", thinking_budget=40, draft_at=15, draft_tokens=30, max_tokens=60, policy="fixed")
+CONFIG = GenerationConfig(mode="ssr", thinking_budget=40, draft_at=15, draft_tokens=30, max_answer_tokens=60, policy="fixed")
 CPU = CostTable(step_s={1: 0.04, 2: 0.07}, score_s={8: 0.16, 32: 0.6, 128: 2.3}, prefill_token_s=0.015)
 
 

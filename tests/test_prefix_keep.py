@@ -8,7 +8,7 @@ from ssr.config import GenerationConfig
 from ssr.engines.prefix import PrefixKeeper
 from ssr.verifying.verify import common_prefix
 
-CONFIG = GenerationConfig(max_tokens=24, thinking_budget=24, draft_at=8, draft_tokens=8)
+CONFIG = GenerationConfig(max_answer_tokens=24, thinking_budget=24, draft_at=8, draft_tokens=8)
 TURN1 = [{"role": "user", "content": "Write a Python function that reverses a list. " * 6}]
 TURN2 = TURN1 + [{"role": "assistant", "content": "def rev(xs):\n    return xs[::-1]"},
                  {"role": "user", "content": "Now make it reverse a string too."}]
@@ -35,7 +35,7 @@ def test_turn_two_reuses_turn_one_and_decodes_what_a_cold_prefill_does(engine):
     from ssr.api import SSR
 
     if engine == "transformers":
-        pytest.importorskip("transformers", reason="the transformers engine needs  pip install 'ssr[torch]'")
+        pytest.importorskip("transformers", reason="the transformers engine needs  pip install -e '.[torch]'")
     warm, cold = SSR("smollm2-135m", engine), SSR("smollm2-135m", engine)
     cold.engine.prefix = None
     for mode in ("ssr", "ar"):

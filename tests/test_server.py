@@ -73,7 +73,7 @@ def serve(arguments: list[str], start_s: float = 180):
 @pytest.fixture(scope="module")
 def server():
     yield from serve(["--model", MODEL, "--thinking-budget", "24", "--draft-at", "8", "--draft-tokens", "16",
-                      "--max-tokens", "32", "--max-queue", "8"])
+                      "--max-answer-tokens", "32", "--max-queue", "8"])
 
 
 @pytest.fixture()
@@ -122,8 +122,10 @@ def test_stream_equals_non_stream_greedy(client):
 
 
 def test_completions(client):
-    reply = client.completions.create(model=MODEL, prompt="Write is_odd(n) in Python.", max_tokens=16)
+    reply = client.completions.create(model=MODEL, prompt="Write is_odd(n) in Python.", max_tokens=48)
     assert reply.choices[0].text and reply.choices[0].finish_reason in ("stop", "length")
+    usage = reply.usage  # max_tokens counts the reasoning too (the server's budget is 24)
+    assert usage.completion_tokens <= 48 and usage.completion_tokens_details.reasoning_tokens <= 24
 
 
 def test_four_concurrent_clients(client):
@@ -132,7 +134,7 @@ def test_four_concurrent_clients(client):
     def ask(index: int) -> None:
         reply = client.chat.completions.create(
             model=MODEL, messages=[{"role": "user", "content": f"Write a function that adds {index} to x."}],
-            max_tokens=16)
+            max_tokens=48)
         answers[index] = reply.choices[0].message.content
 
     threads = [threading.Thread(target=ask, args=(i,)) for i in range(4)]
@@ -179,7 +181,7 @@ def test_api_key_and_graceful_shutdown_on_sigterm():
     import urllib.error
 
     proc, base = start(["--model", MODEL, "--api-key", "k3y", "--shutdown-grace", "120", "--thinking-budget", "48",
-                        "--draft-at", "8", "--max-tokens", "48"])
+                        "--draft-at", "8", "--max-answer-tokens", "48"])
     try:
         with pytest.raises(urllib.error.HTTPError) as refused:
             _get(base + "/v1/models")

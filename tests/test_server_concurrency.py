@@ -18,7 +18,7 @@ from ssr.server.app import create_app  # noqa: E402
 
 from test_server_hardening import wait_until  # noqa: E402
 
-DEFAULTS = GenerationConfig(mode="ssr", thinking_budget=24, draft_at=8, draft_tokens=16, max_tokens=32, policy="fixed")
+DEFAULTS = GenerationConfig(mode="ssr", thinking_budget=24, draft_at=8, draft_tokens=16, max_answer_tokens=32, policy="fixed")
 PROMPTS = ("Write a stack.", "Write a queue.", "Sort a list.", "Reverse a string.")
 
 

@@ -20,7 +20,7 @@ from ssr.config import GenerationConfig  # noqa: E402
 from ssr.engines.fake import FakeEngine  # noqa: E402
 from ssr.server.app import create_app  # noqa: E402
 
-DEFAULTS = GenerationConfig(thinking_budget=24, draft_at=8, draft_tokens=16, max_tokens=32)
+DEFAULTS = GenerationConfig(thinking_budget=24, draft_at=8, draft_tokens=16, max_answer_tokens=32)
 CHAT = {"model": "fake", "messages": [{"role": "user", "content": "Write a stack."}]}
 RAW = {"content-type": "application/json"}
 

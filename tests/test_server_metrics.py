@@ -26,7 +26,7 @@ from ssr.pricing.costs import gpu_preset  # noqa: E402
 from ssr.engines.fake import FakeEngine  # noqa: E402
 from ssr.server.app import create_app  # noqa: E402
 
-DEFAULTS = GenerationConfig(thinking_budget=24, draft_at=8, draft_tokens=16, max_tokens=32)
+DEFAULTS = GenerationConfig(thinking_budget=24, draft_at=8, draft_tokens=16, max_answer_tokens=32)
 CHAT = {"model": "fake", "messages": [{"role": "user", "content": "Write a stack."}]}
 DASHBOARD = Path(__file__).resolve().parents[1] / "docs" / "serve" / "grafana-ssr.json"
 

@@ -59,7 +59,7 @@ class SleepyEngine(FakeEngine):
 
 
 def bench_row(engine, prompt, mode, item, costs: CostTable | None = None, **overrides) -> dict:
-    options = dict(mode=mode, thinking_budget=40, draft_at=12, draft_tokens=30, max_tokens=60, policy="fixed")
+    options = dict(mode=mode, thinking_budget=40, draft_at=12, draft_tokens=30, max_answer_tokens=60, policy="fixed")
     options.update(overrides)
     generation = Generation(engine, FMT, GenerationConfig(**options), prompt,
                             # smoothing 0: the table as is, no drift learnt from this machine's
@@ -100,7 +100,7 @@ def test_replay_seconds_match_an_engine_with_known_costs(spans, adaptive):
     # engine calls long next to the loop's own Python time (which is not modelled)
     costs = CostTable(step_s={1: 0.03, 2: 0.05, 4: 0.09}, score_s={8: 0.04, 32: 0.07, 128: 0.2, 512: 0.7},
                   prefill_token_s=0.001)
-    budgets = dict(thinking_budget=24, draft_at=8, draft_tokens=20, max_tokens=30, adaptive_spans=adaptive, policy="fixed")
+    budgets = dict(thinking_budget=24, draft_at=8, draft_tokens=20, max_answer_tokens=30, adaptive_spans=adaptive, policy="fixed")
     rows, busy = [], []
     for mode in MODES:
         engine = SleepyEngine(costs)

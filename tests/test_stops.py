@@ -15,7 +15,7 @@ MODES = ["ar", "ssr", "ssr-prefix", "ssr-suffix", "suffix", "pld"]
 
 
 def run(mode, fmt, engine=None, **overrides):
-    options = dict(mode=mode, thinking_budget=40, draft_at=15, draft_tokens=30, max_tokens=80, policy="fixed")
+    options = dict(mode=mode, thinking_budget=40, draft_at=15, draft_tokens=30, max_answer_tokens=80, policy="fixed")
     options.update(overrides)
     return Generation(engine or FakeEngine(), fmt, GenerationConfig(**options), PROMPT).run()
 
@@ -37,6 +37,14 @@ def test_code_format_stops_at_closing_fence():
     assert FORMATS["trace"].answer_stop == "" and FORMATS["think"].answer_stop == ""
 
 
+@pytest.mark.parametrize("mode", ["ar", "ssr"])
+def test_no_repetition_stop_by_default(mode):
+    """Off unless asked for: a looping model writes on to its budget and limit, as it would plainly."""
+    got = run(mode, FORMATS["plain"], LoopingEngine(), thinking_budget=200, draft_at=20)
+    assert got.metrics.cot_end == "budget" and len(got.cot_ids) == 200
+    assert got.metrics.stop == "max_tokens" and len(got.answer_ids) == 80
+
+
 class LoopingEngine(FakeEngine):
     """Writes `*` and newline in turn after the first 6 tokens of a sequence's output."""
 
@@ -50,8 +58,8 @@ class LoopingEngine(FakeEngine):
 @pytest.mark.parametrize("mode", MODES)
 def test_runaway_repetition_ends_cot_and_answer_identically(mode):
     fmt = FORMATS["plain"]
-    expected = run("ar", fmt, LoopingEngine(), thinking_budget=200, draft_at=20)
-    got = run(mode, fmt, LoopingEngine(), thinking_budget=200, draft_at=20)
+    expected = run("ar", fmt, LoopingEngine(), thinking_budget=200, draft_at=20, repetition_stop=16)
+    got = run(mode, fmt, LoopingEngine(), thinking_budget=200, draft_at=20, repetition_stop=16)
     assert expected.metrics.cot_end == "repetition" and len(expected.cot_ids) < 60
     assert expected.metrics.stop == "repetition" and len(expected.answer_ids) < 60
     assert (got.cot_ids, got.answer_ids) == (expected.cot_ids, expected.answer_ids)

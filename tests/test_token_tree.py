@@ -110,7 +110,7 @@ def test_replay_tree_pass_predicts_the_trace_and_prices_the_nodes():
 
 
 def run(mode, prompt, order=2, engine=None, plan=None, **overrides):
-    options = dict(mode=mode, thinking_budget=120, draft_at=30, draft_tokens=40, max_tokens=80, policy="fixed")
+    options = dict(mode=mode, thinking_budget=120, draft_at=30, draft_tokens=40, max_answer_tokens=80, policy="fixed")
     options.update(overrides)
     engine = engine or FakeTreeEngine(order=order)
     generation = Generation(engine, FMT, GenerationConfig(**options), prompt, costs=CostModel(table=gpu_preset()),

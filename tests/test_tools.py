@@ -157,7 +157,7 @@ def _app(answers):
 
     logged = []
     model = SSR("fake", engine=ScriptedEngine(answers))
-    app = create_app(model, "fake", defaults=GenerationConfig(thinking_budget=24, draft_at=8, max_tokens=256),
+    app = create_app(model, "fake", defaults=GenerationConfig(thinking_budget=24, draft_at=8, max_answer_tokens=256),
                      log=logged.append)
     return app, logged
 
@@ -253,7 +253,7 @@ def test_message_texts_and_a_tool_calling_request_s_sources():
                 {"role": "tool", "tool_call_id": "c1", "content": "def f():\n    return 1\n"}]
     assert message_texts(messages) == ["Fix it.", "def f():\n    return 1\n"]
     model = SSR("fake", engine=ScriptedEngine(["ok"]))
-    config = GenerationConfig(thinking_budget=0, max_tokens=8)
+    config = GenerationConfig(thinking_budget=0, max_answer_tokens=8)
     view = model.engine.tokenize("def f():\\n    return 1\\n")
     assert model.start(messages, config, tools=ToolUse((TOOL,))).views == [view]
     assert model.start(messages, config, tools=ToolUse((TOOL,), "none")).views == []

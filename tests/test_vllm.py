@@ -14,7 +14,7 @@ from ssr.config import GenerationConfig, SamplingParams  # noqa: E402
 
 pytestmark = pytest.mark.vllm
 
-SHORT = dict(thinking_budget=80, max_tokens=64, draft_tokens=48, policy="fixed")
+SHORT = dict(thinking_budget=80, max_answer_tokens=64, draft_tokens=48, policy="fixed")
 
 
 @pytest.fixture(scope="module")
@@ -124,7 +124,7 @@ def sampled_first_answer_tokens(model, mode: str, seeds) -> "Counter":
 
     def one(seed: int) -> tuple:
         config = GenerationConfig(mode=mode, sampling=SamplingParams(temperature=1.5, top_k=8, seed=seed),
-                                  thinking_budget=6, draft_at=2, draft_tokens=3, max_tokens=1, policy="fixed")
+                                  thinking_budget=6, draft_at=2, draft_tokens=3, max_answer_tokens=1, policy="fixed")
         result = VllmGeneration(model.engine, fmt, config, prompt_ids, banned).run()
         return tuple(result.answer_ids[:1]), bool(result.metrics.verify_passes)
 

@@ -21,7 +21,7 @@ from ssr.engines.vllm_drafter import replay_chains, thinking_at_start  # noqa: E
 
 pytestmark = pytest.mark.vllm
 
-SHORT = dict(thinking_budget=80, max_tokens=96, draft_tokens=48, draft_at=16, policy="fixed")
+SHORT = dict(thinking_budget=80, max_answer_tokens=96, draft_tokens=48, draft_at=16, policy="fixed")
 TOKENS = 12  # num_speculative_tokens
 
 

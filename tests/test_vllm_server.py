@@ -33,7 +33,7 @@ def server():
     before = _vllm_processes()
     yield from serve(["--engine", "vllm", "--model", "smollm2-135m",
                       "--context-size", "2048", "--thinking-budget", "48", "--draft-at", "16",
-                      "--draft-tokens", "24", "--max-tokens", "32", "--policy", "fixed",
+                      "--draft-tokens", "24", "--max-answer-tokens", "32", "--policy", "fixed",
                       "--eager"],  # loads in a minute (test_vllm.py runs the compiled default)
                      start_s=600)
     deadline = time.time() + 60
@@ -45,14 +45,13 @@ def server():
 def test_chat_on_vllm_matches_ar_and_reports_ssr_metrics(server):
     client = openai.OpenAI(base_url=server + "/v1", api_key="unused", max_retries=0, timeout=300)
     messages = [{"role": "user", "content": "Write a Python function is_even(n)."}]
-    ssr = client.chat.completions.create(model="smollm2-135m", messages=messages, max_tokens=32)
-    ar = client.chat.completions.create(model="smollm2-135m", messages=messages, max_tokens=32,
-                                        extra_body={"ssr": {"mode": "ar"}})
+    ssr = client.chat.completions.create(model="smollm2-135m", messages=messages)
+    ar = client.chat.completions.create(model="smollm2-135m", messages=messages, extra_body={"ssr": {"mode": "ar"}})
     assert ssr.choices[0].message.content == ar.choices[0].message.content
     assert ssr.choices[0].message.content.startswith("```python")
     metrics = ssr.model_extra["ssr"]
     assert metrics["mode"] == "ssr" and metrics["stages"] and metrics["stages"][0]["forked_at"] == 16
     streamed = "".join(chunk.choices[0].delta.content or "" for chunk in client.chat.completions.create(
-        model="smollm2-135m", messages=messages, max_tokens=32, stream=True) if chunk.choices)
+        model="smollm2-135m", messages=messages, stream=True) if chunk.choices)
     assert streamed == ssr.choices[0].message.content
     assert _metric(server, "ssr:live_sequences") == 0  # every vLLM request (children too) has ended

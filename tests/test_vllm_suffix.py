@@ -15,7 +15,7 @@ from ssr.config import GenerationConfig  # noqa: E402
 
 pytestmark = pytest.mark.vllm
 
-SHORT = dict(thinking_budget=80, max_tokens=96, draft_tokens=64, policy="fixed")
+SHORT = dict(thinking_budget=80, max_answer_tokens=96, draft_tokens=64, policy="fixed")
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ from test_decode_fake import FMT, PROMPT
 
 def run(mode, engine=None, **overrides):
     engine = engine or FakeRequestsEngine()
-    options = dict(mode=mode, thinking_budget=40, draft_at=15, draft_tokens=30, max_tokens=60, policy="fixed")
+    options = dict(mode=mode, thinking_budget=40, draft_at=15, draft_tokens=30, max_answer_tokens=60, policy="fixed")
     options.update(overrides)
     return VllmGeneration(engine, FMT, GenerationConfig(**options), PROMPT).run(), engine
 
@@ -81,7 +81,7 @@ def test_junk_rows_would_be_caught():
     engine = FakeRequestsEngine(drift=0.0)
     run("ar", engine=engine)
     generation = VllmGeneration(engine, FMT, GenerationConfig(
-        mode="ssr", thinking_budget=40, draft_at=30, draft_tokens=30, max_tokens=60, policy="fixed"), PROMPT)
+        mode="ssr", thinking_budget=40, draft_at=30, draft_tokens=30, max_answer_tokens=60, policy="fixed"), PROMPT)
     ar = run("ar", engine=FakeRequestsEngine(drift=0.0))[0]
     context = PROMPT + ar.cot_ids + engine.tokenize(FMT.forced_end + FMT.answer_prefix)
     draft = ar.answer_ids[:20]
@@ -102,8 +102,8 @@ def test_sampling_without_top_k_decodes_plainly_and_modes_are_checked():
     assert "max_logprobs (20)" in got.metrics.policy["explain"]["reason"]
     with pytest.raises(ConfigError, match="--speculative-method"):
         run("suffix")
-    with pytest.raises(ConfigError, match="context-size"):
-        run("ar", engine=FakeRequestsEngine(context_size=64))
+    with pytest.raises(ConfigError, match="context-size"):  # the prompt and max_tokens do not fit
+        run("ar", engine=FakeRequestsEngine(context_size=64), max_tokens=64)
 
 
 def answer_prefixes(mode, seeds, length=1, **options):
@@ -112,7 +112,7 @@ def answer_prefixes(mode, seeds, length=1, **options):
     counts = Counter()
     for seed in seeds:
         sampling = SamplingParams(temperature=1.3, top_k=6, top_p=0.95, seed=seed)
-        settings = dict(thinking_budget=12, draft_at=2, draft_interval=4, draft_tokens=4, max_tokens=length)
+        settings = dict(thinking_budget=12, draft_at=2, draft_interval=4, draft_tokens=4, max_answer_tokens=length)
         engine = FakeRequestsEngine(drift=2.0)  # the whole context weighs: the child's q differs from p
         got, _ = run(mode, engine=engine, sampling=sampling, **{**settings, **options})
         counts[tuple(got.answer_ids[:length])] += 1
@@ -157,7 +157,7 @@ def test_a_one_token_end_marker_stops_the_cot_as_a_stop_token():
 
     one_token = replace(FMT, end="|", forced_end="\n|")
     engine = FakeRequestsEngine()
-    config = GenerationConfig(mode="ssr", thinking_budget=40, draft_at=15, draft_tokens=30, max_tokens=60,
+    config = GenerationConfig(mode="ssr", thinking_budget=40, draft_at=15, draft_tokens=30, max_answer_tokens=60,
                               policy="fixed")
     got = VllmGeneration(engine, one_token, config, PROMPT).run()
     params = engine.opened[0][2]

@@ -83,7 +83,7 @@ class SSR:
         text = render_chat(self.engine.chat_template, messages, self.engine.bos_text, self.engine.eos_text,
                            tools=offered)
         add_bos = getattr(self.engine, "add_bos", False) and not text.startswith(self.engine.bos_text or "\0")
-        return self.engine.tokenize(text + fmt.start + fmt.steer, add_bos=add_bos)
+        return self.engine.tokenize(open_thinking(text, fmt.start) + fmt.steer, add_bos=add_bos)
 
     def banned_ids(self, fmt: ThinkingFormat) -> list[int]:
         """Tokens whose text contains a banned substring (code fences while thinking)."""
@@ -101,8 +101,7 @@ class SSR:
         escaped views are sources to copy from, tools.escaped_views)."""
         fmt = self.format(template, tools)
         prompt_ids = self.prompt_ids(prompt, template, tools)
-        if fmt.name == "none" and config.thinking_budget:  # nothing to think inside
-            config = replace(config, thinking_budget=0, draft_at=0)
+        config = for_format(config, fmt)
         if self.requests_based:
             from .loop.vllm_walk import VllmGeneration
 
@@ -118,3 +117,23 @@ class SSR:
 
     def generate(self, prompt: str, config: GenerationConfig, template: str | None = None) -> Result:
         return self.start(prompt, config, template).run()
+
+
+def for_format(config: GenerationConfig, fmt: ThinkingFormat) -> GenerationConfig:
+    """The request's config under its thinking format: a template's budget where the request
+    set none; no budget at all where the format has no thinking ("none")."""
+    if fmt.budget == 0 and config.thinking_budget != 0:  # nothing to think inside
+        return replace(config, thinking_budget=0, draft_at=0)
+    if config.thinking_budget is None and fmt.budget is not None:
+        at = {} if config.draft_at < fmt.budget else {"draft_at": fmt.budget // 2}
+        return replace(config, thinking_budget=fmt.budget, **at)
+    return config
+
+
+def open_thinking(text: str, start: str) -> str:
+    """The rendered prompt with the CoT's start marker after it, unless the chat template's
+    generation prompt already opens the CoT (as QwQ's and DeepSeek-R1's do): the prompt is then
+    the template's own, as the model is served plainly."""
+    if start and text.rstrip().endswith(start.strip()):
+        return text
+    return text + start

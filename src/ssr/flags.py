@@ -8,7 +8,7 @@ import sys
 
 from .config import DRAFT_MODES, MODE_TABLE, MODES, POLICIES, VERIFY_MODES, ConfigError, GenerationConfig, SamplingParams
 from .engines import ENGINES
-from .formats.thinking import TEMPLATE_CHOICES
+from .formats.thinking import TEMPLATE_BUDGET, TEMPLATE_CHOICES
 from .models import DEFAULT_MODEL, REGISTRY
 
 class Renamed(argparse.Action):
@@ -32,8 +32,8 @@ def add_model_arguments(parser: argparse.ArgumentParser, several_engines: bool =
                             help=f"comma-separated engines from {', '.join(ENGINES)} (default llama.cpp)")
     else:
         parser.add_argument("--engine", default="llama.cpp", choices=ENGINES,
-                            help="inference engine (default llama.cpp; transformers needs  pip install 'ssr[torch]', "
-                             "vllm  pip install 'ssr[vllm]')")
+                            help="inference engine (default llama.cpp; transformers needs  pip install -e '.[torch]', "
+                             "vllm  pip install -e '.[vllm]', in ssr's checkout)")
     parser.add_argument("--device", default=None,
                         help="transformers engine: cpu, cuda, cuda:1 … (default: cuda when available)")
     parser.add_argument("--dtype", default=None, choices=("float32", "bfloat16", "float16"),
@@ -64,6 +64,10 @@ def add_model_arguments(parser: argparse.ArgumentParser, several_engines: bool =
                              "a line format shown by examples) or plain")
     parser.add_argument("--context-size", type=int, default=8192, help="KV cache tokens (default 8192)")
     parser.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
+    parser.add_argument("--n-gpu-layers", type=int, default=None,
+                        help="llama.cpp engine: layers offloaded to a GPU (Metal, CUDA, Vulkan builds of llama.cpp; "
+                             "-1: all). Default: llama.cpp's own (llama_model_default_params). A CPU build runs "
+                             "every layer on the CPU whatever this says")
 
 
 def add_generation_arguments(parser: argparse.ArgumentParser, with_mode: bool = True) -> None:
@@ -75,9 +79,15 @@ def add_generation_arguments(parser: argparse.ArgumentParser, with_mode: bool = 
     parser.add_argument("--top-p", type=float, default=1.0, help="sampling: nucleus mass kept, (0, 1] (default 1)")
     parser.add_argument("--top-k", type=int, default=0, help="sampling: most likely tokens kept (default 0: all)")
     parser.add_argument("--seed", type=int, default=0, help="sampling: the request's random seed (default 0)")
-    parser.add_argument("--max-tokens", type=int, default=defaults.max_tokens, help="answer tokens at most")
+    parser.add_argument("--max-tokens", type=int, default=defaults.max_tokens,
+                        help="output tokens at most, reasoning included, as vLLM's max_tokens (default: until the "
+                             "model ends or the context is full)")
+    parser.add_argument("--max-answer-tokens", type=int, default=defaults.max_answer_tokens,
+                        help="answer tokens at most, the reasoning not counted (default: no cap)")
     parser.add_argument("--thinking-budget", type=int, default=defaults.thinking_budget,
-                        help="b_v: CoT tokens before the end of thinking is forced")
+                        help="b_v: CoT tokens before the end of thinking is forced (default: a reasoning model "
+                             f"thinks until it ends its thinking itself; a thinking template stops it at "
+                             f"{TEMPLATE_BUDGET})")
     parser.add_argument("--policy", default=defaults.policy, choices=POLICIES,
                         help="auto (default): draft only where measured costs say it pays, and choose b_d, m and "
                              "the verify chunk (--json shows why); fixed: use --draft-at/--draft-tokens/--verify-chunk")
@@ -96,7 +106,8 @@ def add_generation_arguments(parser: argparse.ArgumentParser, with_mode: bool = 
                              f"{defaults.verify_chunk}; auto chooses it)")
     parser.add_argument("--repetition-stop", type=int, default=defaults.repetition_stop,
                         help="end the reasoning or the answer when its last N lines repeat a block of up to 4 "
-                             "lines (digits ignored); the same in every mode (default %(default)s; 0 = off)")
+                             "lines (digits ignored), which changes what the model would have written; the same in "
+                             "every mode (default 0: off)")
     parser.add_argument("--all-spans", action="store_true",
                         help="verify every proposed span whole (default: cut spans to what measured costs justify)")
 
@@ -110,12 +121,12 @@ def generation_config(args: argparse.Namespace) -> GenerationConfig:
     sampling = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed)
     given = {name: getattr(args, name) for name in DRAFTING_FLAGS if getattr(args, name) is not None}
     unset_at = GenerationConfig.draft_at  # b_d not given: within a shorter thinking budget, half of it
-    at = {} if "draft_at" in given or not 0 < args.thinking_budget <= unset_at else \
-        {"draft_at": args.thinking_budget // 2}
+    budget = args.thinking_budget
+    at = {} if "draft_at" in given or budget is None or not 0 < budget <= unset_at else {"draft_at": budget // 2}
     config = GenerationConfig(
-        mode=getattr(args, "mode", "ar"), sampling=sampling, thinking_budget=args.thinking_budget,
-        max_tokens=args.max_tokens, policy=args.policy, verify=args.verify, adaptive_spans=not args.all_spans,
-        repetition_stop=args.repetition_stop, **given, **at)
+        mode=getattr(args, "mode", "ar"), sampling=sampling, thinking_budget=budget,
+        max_tokens=args.max_tokens, max_answer_tokens=args.max_answer_tokens, policy=args.policy,
+        verify=args.verify, adaptive_spans=not args.all_spans, repetition_stop=args.repetition_stop, **given, **at)
     for note in ignored_flags(config, given, several_modes=not hasattr(args, "mode")):
         print(f"ssr: note: {note}", file=sys.stderr)
     return config

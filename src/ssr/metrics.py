@@ -22,7 +22,7 @@ class Metrics:
     prompt_tokens: int = 0
     cached_prompt_tokens: int = 0  # of them, held by an earlier request's kept KV (engines/prefix.py): not prefilled
     cot_tokens: int = 0  # reasoning tokens the model wrote (forced end not counted)
-    cot_end: str = ""  # "natural" (end marker), "budget" (b_v reached) or "eos"
+    cot_end: str = ""  # "natural" (end marker), "budget" (b_v reached), "eos", "length" (the output's limit) or "repetition"
     answer_tokens: int = 0  # answer tokens committed (forced answer prefix and EOS not counted)
     forced_tokens: int = 0  # tokens forced between CoT and answer (end marker, answer prefix)
     stop: str = ""  # "eos" or "max_tokens"
@@ -92,8 +92,11 @@ class Metrics:
     def plain(self) -> str:
         """One line for a person: time, tokens, what SSR did and why (summary() has the details)."""
         s = self.seconds
-        ended = {"budget": " (thinking budget reached)", "repetition": " (ended: it was repeating itself)"}
-        stopped = {"max_tokens": " (cut at --max-tokens)", "repetition": " (ended: it was repeating itself)"}
+        ended = {"budget": " (thinking budget reached)", "repetition": " (ended: it was repeating itself)",
+                 "length": " (cut at --max-tokens or the context's end: no answer)",
+                 "eos": " (the model ended its output while thinking)" if not self.answer_tokens else ""}
+        stopped = {"max_tokens": " (cut at --max-tokens, --max-answer-tokens or the context's end)",
+                   "repetition": " (ended: it was repeating itself)"}
         answer_s = s["verify"] + s["continuation"]
         parts = [f"{self.total_s:.1f} s: thought {self.cot_tokens} tokens in {s['cot']:.1f} s"
                  f"{ended.get(self.cot_end, '')}, answered {self.answer_tokens} tokens in {answer_s:.1f} s"

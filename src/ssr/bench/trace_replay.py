@@ -72,7 +72,7 @@ def mode_config(mode: str) -> GenerationConfig:
     if mode not in TRACE_MODES:
         raise ConfigError(f"--modes: unknown {mode!r}; choose from {', '.join(TRACE_MODES)}")
     row = MODE_TABLE[mode]  # the oracle and the replay-only peers: a peer's loop (no child), their own proposer
-    base = GenerationConfig(mode=row.replays_as or mode, thinking_budget=_BIG, max_tokens=_BIG // 2, repetition_stop=0)
+    base = GenerationConfig(mode=row.replays_as or mode, thinking_budget=_BIG, max_answer_tokens=_BIG // 2)
     return base if row.cot_spans else replace(base, cot_spans=False)
 
 

@@ -58,7 +58,8 @@ class LlamaCppEngine(SequenceSlots):
     def __init__(self, model_path: str | Path, context_size: int = 8192, max_sequences: int = 4,
                  batch_size: int = 512, threads: int | None = None, verbose: bool = False,
                  flash_attention: bool = True, k_type: str = "q8_0", v_type: str = "f16",
-                 kv_unified: bool = False, repack: bool = False, keep_prefix: bool = True) -> None:
+                 kv_unified: bool = False, repack: bool = False, keep_prefix: bool = True,
+                 n_gpu_layers: int | None = None) -> None:
         import llama_cpp
 
         self._lib = lib = llama_cpp
@@ -68,6 +69,10 @@ class LlamaCppEngine(SequenceSlots):
         lib.llama_backend_init()
         model_params = lib.llama_model_default_params()
         model_params.use_extra_bufts = repack
+        if n_gpu_layers is not None:  # else llama.cpp's own default; -1 offloads every layer, as in llama.cpp
+            model_params.n_gpu_layers = n_gpu_layers
+        self.n_gpu_layers = model_params.n_gpu_layers  # as the model was loaded
+        self.offload = bool(lib.llama_supports_gpu_offload())  # a GPU build: the layers above run there
         self._model = lib.llama_model_load_from_file(str(model_path).encode(), model_params)
         if not self._model:
             raise EngineError(f"llama.cpp could not load {model_path}")
@@ -103,7 +108,8 @@ class LlamaCppEngine(SequenceSlots):
         self.bos_text = self.token_bytes(lib.llama_vocab_bos(self._vocab)).decode("utf-8", "replace")
         self.eos_text = self.token_bytes(lib.llama_vocab_eos(self._vocab)).decode("utf-8", "replace")
         # names this setup for the cached cost table (see costs.engine_costs)
-        self.cost_key = f"llama.cpp-{self.name}-{self.model_path.stat().st_size}-{threads}t-{max_sequences}seq"
+        self.cost_key = f"llama.cpp-{self.name}-{self.model_path.stat().st_size}-{threads}t-{max_sequences}seq" + \
+            (f"-{self.n_gpu_layers}gpu" if self.offload and self.n_gpu_layers else "")
         # handles are llama.cpp sequence ids; the last request's longest sequence is kept for the
         # next prefill (engines/prefix.py), except in one unified KV stream
         SequenceSlots.__init__(self, max_sequences, keep_prefix=keep_prefix and not kv_unified)

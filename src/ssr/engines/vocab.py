@@ -67,7 +67,7 @@ class JsonVocab:
         try:
             from tokenizers import Tokenizer
         except ImportError as error:
-            raise ConfigError("a tokenizer.json needs the tokenizers library: pip install 'ssr[torch]'") from error
+            raise ConfigError("a tokenizer.json needs the tokenizers library: pip install -e '.[torch]' in ssr's checkout") from error
         try:
             self._tokenizer = Tokenizer.from_file(str(path))
         except Exception as error:  # the library raises its own exception types

@@ -1,10 +1,13 @@
 """Thinking formats: where the chain of thought starts and ends, per model family.
 
-Reasoning models bring their own markers (read from the chat template). Instruct
-models that do not reason get a thinking *template*: a system instruction to
-reason inside <think>...</think>, the assistant turn prefilled with <think>, and
-an answer prefix forced after the end marker. Both `ar` and `ssr` use the same
-format, so the comparison stays like for like.
+Reasoning models bring their own markers (read from the chat template) and are left to
+write what they write: no budget, nothing forced after their end marker, an EOS inside
+the CoT ends the output (`native`). Instruct models that do not reason get a thinking
+*template*: a system instruction to reason inside <think>...</think>, the assistant turn
+prefilled with <think>, an answer prefix forced after the end marker and a thinking
+budget. A template is a change of prompt, so its output is the model's own answer to that
+prompt, not to the user's alone. Both `ar` and `ssr` use the same format, so the
+comparison stays like for like.
 """
 from __future__ import annotations
 
@@ -44,13 +47,23 @@ class ThinkingFormat:
     banned_while_thinking: tuple[str, ...] = ()  # tokens containing these get -inf in the CoT
     steer: str = ""  # prefilled after the start marker; shown as the start of the reasoning
     answer_stop: str = ""  # the answer ends with the token that completes this text (a stop string)
+    # CoT tokens before the end marker is forced where the request sets no budget (None: none). A
+    # template keeps one: a model that was never taught to close its thinking may never write the
+    # end marker, and then would never answer
+    budget: int | None = None
+    # the model's own format: an EOS inside the CoT ends the output (a template forces the end
+    # marker and an answer instead)
+    native: bool = False
+
+
+TEMPLATE_BUDGET = 1024  # a thinking template's CoT tokens at most, unless the request sets its own
 
 
 FORMATS = {
     # native reasoning models
-    "think": ThinkingFormat("think", "<think>\n", "</think>", "\n</think>", "\n\n"),
+    "think": ThinkingFormat("think", "<think>\n", "</think>", "\n</think>", "", native=True),
     "gemma4": ThinkingFormat(
-        "gemma4", "<|channel>thought\n", "<channel|>", "\n<channel|>", ""
+        "gemma4", "<|channel>thought\n", "<channel|>", "\n<channel|>", "", native=True
     ),
     # templates for instruct models that do not reason by themselves
     "code": ThinkingFormat(
@@ -63,9 +76,10 @@ FORMATS = {
         banned_while_thinking=("``",),
         steer=CODE_PLAN_STEER,
         answer_stop="\n```",  # the closing fence of the answer's code block
+        budget=TEMPLATE_BUDGET,
     ),
     "plain": ThinkingFormat(
-        "plain", "<think>\n", "</think>", "\n</think>", "\n\n", system=PLAIN_SYSTEM
+        "plain", "<think>\n", "</think>", "\n</think>", "\n\n", system=PLAIN_SYSTEM, budget=TEMPLATE_BUDGET
     ),
 }
 FORMATS["cpp"] = replace(FORMATS["code"], name="cpp", answer_prefix="\n\n```cpp\n", system=CPP_SYSTEM)
@@ -75,7 +89,7 @@ FORMATS["trace"] = replace(FORMATS["code"], name="trace", answer_prefix="\n\n", 
                            banned_while_thinking=("{", "}"), steer=TRACE_PLAN_STEER, answer_stop="")
 # no thinking at all: the answer right after the prompt (tools on a model that does not reason by
 # itself: a thinking template talks such a model out of its tool-call format); budget 0
-FORMATS["none"] = ThinkingFormat("none", "", "", "", "")
+FORMATS["none"] = ThinkingFormat("none", "", "", "", "", budget=0)
 TEMPLATE_CHOICES = ("auto", "code", "cpp", "trace", "plain", "none")
 
 

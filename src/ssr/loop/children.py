@@ -48,11 +48,13 @@ class DraftChildren:
     (only the latest can be alive)."""
 
     def __init__(self, seqs: Sequences, verifier: Verifier, config: GenerationConfig, plan: Plan,
-                 forced_ids: list[int], eos_ids: frozenset[int], clock: StageClock) -> None:
+                 forced_ids: list[int], eos_ids: frozenset[int], clock: StageClock, output_limit: int) -> None:
         self.seqs = seqs  # forks the children off the parent; their steps ride in the parent's passes
         self.verifier = verifier  # bootstraps (a previous draft verified on the new child), samples
         self.config = config
-        self.limit = min(plan.draft_tokens, config.max_tokens)  # m: tokens a child writes at most
+        self.m = min(plan.draft_tokens, config.max_answer_tokens or plan.draft_tokens)  # m: tokens a child writes
+        self.limit = self.m  # at most; a child forked late writes no more than the parent's output may hold
+        self.output_limit = output_limit  # the parent's output tokens at most (CoT, forced, answer)
         self.first_chunk = plan.verify_chunk  # a bootstrap's first verify chunk
         self.forced_ids = forced_ids  # the end marker and answer prefix forced on a child
         self.eos_ids = eos_ids
@@ -71,6 +73,7 @@ class DraftChildren:
         previous = self.drafts[-1] if self.drafts else None
         if previous is not None and previous.seq is not None:  # superseded: its tokens are all we need
             self.finish(previous)
+        self.limit = max(1, min(self.m, self.output_limit - cot_len - len(self.forced_ids)))
         draft = Draft(seq=self.seqs.fork(self.seqs.parent), forked_at=cot_len, started_s=self.clock.now())
         self.drafts.append(draft)
         fed = [pending] + self.forced_ids

@@ -65,7 +65,7 @@ class Generation(Walk):
         self.costs.learns = not spec.per_step  # vLLM's drafter prices with its table as given
         # drafting: whether, when, how (`plan` given: a replay of a run's own plan)
         self.plan = plan or plan_request(config, self.costs, stats or PolicyStats(),
-                                         spans_beside_child=spec.beside_child)
+                                         spans_beside_child=spec.beside_child, cot_cap=self.cot_cap)
         learnt = stats.spans if stats is not None else {}  # span acceptance earlier requests measured
         one_chain = spec.layout is Layout.CHAIN  # one candidate verified a pass: the others judged, shared tokens pooled
         self.spans = SpanPolicy(self.costs, learnt.get("answer"), one_chain)  # answer span lengths worth a verify pass
@@ -78,11 +78,11 @@ class Generation(Walk):
         self.clock = StageClock(self.metrics, self.seqs.now)  # restarted when the request runs
         self.verifier = Verifier(config)
         self.children = DraftChildren(self.seqs, self.verifier, config, self.plan,
-                                      self.forced_end_ids + self.answer_prefix_ids, engine.eos_ids, self.clock)
+                                      self.forced_end_ids + self.answer_prefix_ids, engine.eos_ids, self.clock,
+                                      self.limit)
         self.candidates = CandidatePass(self.seqs, self.verifier, spec, config.chooses_spans, self.children,
                                         self.metrics)
-        self.check_context(config.suffix.max_span + 1 + (self.plan.draft_tokens if self.plan.draft else 0),
-                           " + draft tokens" if config.uses_draft else "")
+        self.check_context()
 
     # -- stages -------------------------------------------------------------------------
 
@@ -98,15 +98,16 @@ class Generation(Walk):
             # 1. think (a draft child forks at each stage budget; CoT spans, beside it where passes are shared)
             pending, cot_end = yield from self._think(self.prompt_ids[-1], proposer)
             since = clock.add("cot", since)
-            # 2. close the CoT, verify the latest draft
-            if proposer is not None:
-                for each in drafts:  # spans may copy from every stage's draft
-                    proposer.add_source(self.answer_prefix_ids + each.token_ids)
-            yield from self._close(pending, cot_end, drafts[-1] if drafts else None, proposer)
-            self.metrics.first_answer_token_s = since = clock.add("verify", since)
-            # 3. continue
-            yield from self._continue(proposer)
-            clock.add("continuation", since)
+            if not self.length_end(cot_end):  # (the output ends with its CoT: no answer)
+                # 2. close the CoT, verify the latest draft
+                if proposer is not None:
+                    for each in drafts:  # spans may copy from every stage's draft
+                        proposer.add_source(self.answer_prefix_ids + each.token_ids)
+                yield from self._close(pending, cot_end, drafts[-1] if drafts else None, proposer)
+                self.metrics.first_answer_token_s = since = clock.add("verify", since)
+                # 3. continue
+                yield from self._continue(proposer)
+                clock.add("continuation", since)
         finally:
             self.seqs.drop_all()
         # 4. finish
@@ -157,15 +158,15 @@ class Generation(Walk):
         if opening:
             yield opening
         stages = list(self.plan.stages) if self.plan.draft else []
-        cot_end = "budget"
-        while len(text.cot_ids) < config.thinking_budget:
+        cot_end = self.cap_end
+        while len(text.cot_ids) < self.cot_cap:
             if stages and len(text.cot_ids) == stages[0]:
                 stages.pop(0)
                 children.fork(pending, len(text.cot_ids))
             child = children.alive
             if proposer is not None and config.cot_spans and (child is None or metrics.spans_beside_child) \
                     and (text.cot_ids or not self.speculation.per_step):  # vLLM: the prefill's token comes first
-                room = min([config.thinking_budget] + stages[:1]) - len(text.cot_ids) - 1  # tokens after the bonus
+                room = min([self.cot_cap] + stages[:1]) - len(text.cot_ids) - 1  # tokens after the bonus
                 candidates = self.candidates.propose(proposer, room, self.cot_spans)  # 1. propose
                 if candidates:
                     pending, end = yield from self._cot_span(pending, candidates, proposer)
@@ -231,7 +232,12 @@ class Generation(Walk):
         forced = self.text.forced_ids
         self.metrics.forced_tokens = len(forced)
         fed = ([] if pending is None else [pending]) + forced
-        draft_ids = draft.token_ids[: self.config.max_tokens] \
+        if not self.text.answer_room():  # the forced tokens filled the output
+            self.metrics.stop = "max_tokens"
+            if shown:
+                yield shown
+            return
+        draft_ids = draft.token_ids[: self.text.answer_room()] \
             if draft is not None and self.config.verifies_draft_prefix else []
         if not forced and not draft_ids and pending is not None and self.text.cot_ids and self.speculation.per_step:
             # vLLM's drafter drafts after the end marker as after any token: the answer starts with
@@ -266,7 +272,7 @@ class Generation(Walk):
     def _answer_pass(self, pending: int, proposer: Proposer | None) -> Iterator[Chunk]:
         """One pass of the answer after `pending`: a span verified, or a plain step."""
         answer = self.text.answer_ids
-        candidates = self.candidates.propose(proposer, self.config.max_tokens - len(answer), self.spans)  # 1.
+        candidates = self.candidates.propose(proposer, self.text.answer_room(), self.spans)  # 1.
         if not candidates:
             scores = self.seqs.step([(self.seqs.parent, pending)])  # [1, vocab]
             yield from self.commit([self.verifier.verdict([], scores).next_token], proposer)

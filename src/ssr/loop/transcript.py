@@ -20,12 +20,13 @@ class Chunk:
 class Transcript:
     """The request's output: cot_ids + forced_ids + answer_ids, and their text."""
 
-    def __init__(self, fmt: ThinkingFormat, eos_ids: frozenset[int], token_bytes, max_tokens: int,
-                 repetition_stop: int) -> None:
+    def __init__(self, fmt: ThinkingFormat, eos_ids: frozenset[int], token_bytes, limit: int,
+                 max_answer_tokens: int | None, repetition_stop: int) -> None:
         self.fmt = fmt  # the thinking format: end marker, steer text, answer prefix and stop text
         self.eos_ids = eos_ids  # tokens that end the CoT (not kept) or the answer
         self.token_bytes = token_bytes  # token id -> the bytes it decodes to
-        self.max_tokens = max_tokens  # answer tokens at most
+        self.limit = limit  # output tokens at most: CoT + forced + answer
+        self.max_answer_tokens = max_answer_tokens  # answer tokens at most (None: only the limit)
         self.cot_ids: list[int] = []  # the CoT, end marker included where the model wrote it
         self.forced_ids: list[int] = []  # forced after the CoT: end marker (unless written) + answer prefix
         self.answer_ids: list[int] = []  # the answer so far
@@ -34,6 +35,18 @@ class Transcript:
         self.stop = ""  # why the answer stopped (commit), "" while it goes on
         self._cot_loop = LoopGuard(repetition_stop)  # runaway repetition ends the CoT
         self._answer_loop = LoopGuard(repetition_stop)  # ... and the answer
+
+    @property
+    def written(self) -> int:
+        """Output tokens so far: CoT, forced, answer."""
+        return len(self.cot_ids) + len(self.forced_ids) + len(self.answer_ids)
+
+    def answer_room(self) -> int:
+        """Answer tokens the request may still write (the limit, and the answer's own cap)."""
+        room = self.limit - self.written
+        if self.max_answer_tokens is not None:
+            room = min(room, self.max_answer_tokens - len(self.answer_ids))
+        return max(0, room)
 
     def opening(self) -> Chunk | None:
         """The reasoning's steer text (prefilled by the prompt), shown first."""
@@ -66,8 +79,9 @@ class Transcript:
 
     def commit(self, token_ids: list[int]) -> tuple[list[int], Chunk | None]:
         """Append answer tokens one by one up to a stop -> (the tokens kept, their text). Sets
-        `stop`: "eos", "max_tokens", "answer_stop" (the token completed the format's stop text,
-        e.g. the code block's closing fence; it is kept) or "repetition" (LoopGuard)."""
+        `stop`: "eos", "max_tokens" (the output's limit or the answer's cap), "answer_stop" (the
+        token completed the format's stop text, e.g. the code block's closing fence; it is kept)
+        or "repetition" (LoopGuard)."""
         committed, texts = [], []
         stop_text = self.fmt.answer_stop
         for token in token_ids:
@@ -81,7 +95,7 @@ class Transcript:
                 self.stop = "answer_stop"
             elif self._answer_loop.push(texts[-1]):
                 self.stop = "repetition"
-            elif len(self.answer_ids) >= self.max_tokens:
+            elif not self.answer_room():
                 self.stop = "max_tokens"
             if self.stop:
                 break

@@ -73,7 +73,7 @@ class VllmGeneration(Walk):
                               "continuation start it with --speculative-method suffix|ngram")
         super().__init__(engine, fmt, config, prompt_ids, stats)
         self.banned_ids = sorted(banned_ids)
-        self.plan = plan_request(config, costs or CostModel(), stats or PolicyStats())
+        self.plan = plan_request(config, costs or CostModel(), stats or PolicyStats(), cot_cap=self.cot_cap)
         max_logprobs = getattr(engine, "max_logprobs", 20)
         self.row_size = _row_size(config.sampling, max_logprobs)
         if not config.sampling.greedy and self.plan.draft and self.row_size is None:
@@ -96,12 +96,13 @@ class VllmGeneration(Walk):
             # 1. think (children fork at the plan's budgets)
             cot_end = yield from self._think(cot_ids, drafts, clock)
             since = clock.add("cot", 0.0)
-            # 2. close the CoT, verify the latest draft
-            yield from self._close(cot_ids, cot_end, _latest_usable(drafts))
-            self.metrics.first_answer_token_s = since = clock.add("verify", since)
-            # 3. continue
-            yield from self._continue(cot_ids)
-            clock.add("continuation", since)
+            if not self.length_end(cot_end):  # (the output ends with its CoT: no answer)
+                # 2. close the CoT, verify the latest draft
+                yield from self._close(cot_ids, cot_end, _latest_usable(drafts))
+                self.metrics.first_answer_token_s = since = clock.add("verify", since)
+                # 3. continue
+                yield from self._continue(cot_ids)
+                clock.add("continuation", since)
         finally:
             for request in self._open:  # 4. nothing of this request stays in vLLM
                 request.abort()
@@ -126,7 +127,7 @@ class VllmGeneration(Walk):
         end_ids = self.engine.tokenize(self.fmt.end)
         stops = {"stop_ids": end_ids} if len(end_ids) == 1 else {"stop": [self.fmt.end]}
         parent = self._submit("parent", self.prompt_ids, self._params(
-            self.config.thinking_budget, allowed_token_ids=allowed, detokenize=True, **stops))
+            self.cot_cap, allowed_token_ids=allowed, detokenize=True, **stops))
         cot_end, seen = "", 0
         self._fork_due(cot_ids, stages, drafts, clock)  # b = 0: a child from the prompt alone
         for output in parent.stream():
@@ -145,7 +146,7 @@ class VllmGeneration(Walk):
         self._speculation("cot", parent, 0, len(cot_ids))
         if not cot_end:  # the stream ended without an end marker or EOS seen here
             reason = parent.latest.outputs[0].finish_reason if parent.latest is not None else "length"
-            cot_end = "budget" if reason == "length" else "natural"
+            cot_end = self.cap_end if reason == "length" else "natural"
         tail = self.text.close_reasoning()
         if tail:
             yield tail
@@ -161,9 +162,12 @@ class VllmGeneration(Walk):
         self.metrics.forced_tokens = len(forced)
         if shown:
             yield shown
+        if not self.text.answer_room():  # the forced tokens filled the output
+            self.metrics.stop = "max_tokens"
+            return
         if draft is None or not self.config.verifies_draft_prefix:
             return
-        draft_ids = draft.token_ids[: self.config.max_tokens]
+        draft_ids = draft.token_ids[: self.text.answer_room()]
         accepted, bonus, cached = self._verify(self.prompt_ids + cot_ids + forced, draft_ids, draft.rows)
         self.metrics.verify_passes += 1
         self.metrics.accepted_prefix_tokens = accepted
@@ -209,7 +213,7 @@ class VllmGeneration(Walk):
         if self.metrics.stop:
             return
         context = self.prompt_ids + cot_ids + self.text.forced_ids + self.text.answer_ids
-        request = self._submit("answer", context, self._params(self.config.max_tokens - len(self.text.answer_ids)))
+        request = self._submit("answer", context, self._params(self.text.answer_room()))
         seen, start = 0, len(self.text.answer_ids)
         for output in request.stream():
             new = list(output.outputs[0].token_ids[seen:])
@@ -220,7 +224,7 @@ class VllmGeneration(Walk):
         request.abort()
         self._speculation("answer", request, start, len(self.text.answer_ids) - start)
         if not self.metrics.stop:
-            self.metrics.stop = "max_tokens" if len(self.text.answer_ids) >= self.config.max_tokens else "eos"
+            self.metrics.stop = "eos" if self.text.answer_room() else "max_tokens"
         self.metrics.decode_steps = len(cot_ids) + seen  # tokens vLLM decoded for the parent
 
     # -- children -------------------------------------------------------------------------
@@ -250,7 +254,8 @@ class VllmGeneration(Walk):
         extra = {"prompt_logprobs": self._row_request()} if score_carried else {}
         if not self.config.sampling.greedy:
             extra["logprobs"] = self.row_size  # its rows, for the verification
-        left = max(1, self.plan.draft_tokens - len(draft.carried_ids))
+        room = len(self.prompt_ids) + self.limit - len(draft.context_ids)  # what the parent's output may still hold
+        left = max(1, min(self.plan.draft_tokens, room) - len(draft.carried_ids))
         draft.request = self._submit("draft", draft.context_ids + draft.carried_ids,
                                      self._params(left, child=True, **extra))
 

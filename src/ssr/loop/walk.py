@@ -45,22 +45,39 @@ class Walk:
         self.forced_end_ids = engine.tokenize(fmt.forced_end)  # forced when the CoT did not end itself
         self.answer_prefix_ids = engine.tokenize(fmt.answer_prefix)  # forced after the end marker
         self.stats = stats  # earlier requests (updated when this one ends), for the policy
-        self.text = Transcript(fmt, engine.eos_ids, engine.token_bytes, config.max_tokens, config.repetition_stop)
+        # output tokens at most (CoT, forced, answer): max_tokens, else what the context holds
+        self.limit = config.max_tokens if config.max_tokens is not None else \
+            engine.context_size - len(self.prompt_ids)
+        self.cot_cap = config.cot_cap(self.limit)  # CoT tokens at most
+        self.text = Transcript(fmt, engine.eos_ids, engine.token_bytes, self.limit, config.max_answer_tokens,
+                               config.repetition_stop)
         self.metrics = Metrics(mode=config.mode, prompt_tokens=len(self.prompt_ids))
         self.trace: list[dict] = []  # verify events: what was proposed, how much was accepted
 
-    def check_context(self, extra_tokens: int = 0, extra_what: str = "") -> None:
-        """The request must fit the engine: prompt + b_v + forced tokens + max tokens, plus
-        what the walk needs besides (`extra_tokens`, named by `extra_what`)."""
-        config = self.config
-        need = (len(self.prompt_ids) + config.thinking_budget + len(self.forced_end_ids)
-                + len(self.answer_prefix_ids) + config.max_tokens + extra_tokens)
+    def check_context(self) -> None:
+        """The request must fit the engine: the prompt and max tokens (speculation never passes
+        the limit: spans and drafts are cut to the room left)."""
+        need = len(self.prompt_ids) + (self.config.max_tokens or 1)
         if need > self.engine.context_size:
             raise ConfigError(
-                f"prompt ({len(self.prompt_ids)} tokens) + thinking budget + max tokens{extra_what} need {need} "
-                f"tokens, more than the context holds ({self.engine.context_size}); lower the budgets or raise "
-                f"--context-size"
+                f"prompt ({len(self.prompt_ids)} tokens) + max tokens need {need} tokens, more than the "
+                f"context holds ({self.engine.context_size}); lower --max-tokens or raise --context-size"
             )
+
+    @property
+    def cap_end(self) -> str:
+        """How a CoT that reaches its cap ends: "budget" (a thinking budget forces the end marker)
+        or "length" (the output's limit ends the output)."""
+        budget = self.config.thinking_budget
+        return "budget" if budget is not None and budget < self.limit else "length"
+
+    def length_end(self, cot_end: str) -> bool:
+        """The CoT ended the output: it reached the output's limit (no budget forced its end), or
+        wrote EOS in a model's own format (a template forces the end marker and an answer)."""
+        if cot_end == "length" or (cot_end == "eos" and self.fmt.native):
+            self.metrics.stop = "max_tokens" if cot_end == "length" else "eos"
+            return True
+        return False
 
     def commit(self, token_ids: list[int], proposer=None) -> Iterator[Chunk]:
         """Answer tokens, up to a stop (Transcript.commit; metrics.stop says which); the proposer

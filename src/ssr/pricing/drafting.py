@@ -20,7 +20,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 
-from ..config import MODE_TABLE, GenerationConfig
+from ..config import DEFAULT_CONTEXT, MODE_TABLE, GenerationConfig
 from .costs import CostModel
 from .acceptance import AcceptanceStats
 
@@ -143,26 +143,37 @@ def stage_budgets(first: int, interval: int, budget: int) -> tuple[int, ...]:
     return tuple(range(first, budget, interval))
 
 
-def fixed_plan(config: GenerationConfig) -> Plan:
+def horizon(config: GenerationConfig, cot_cap: int | None) -> int:
+    """CoT tokens at most a plan reckons with: the request's (the walk knows its output limit),
+    else the thinking budget, else max tokens, else a context of DEFAULT_CONTEXT tokens."""
+    if cot_cap is not None:
+        return cot_cap
+    return config.cot_cap(config.max_tokens or DEFAULT_CONTEXT)
+
+
+def fixed_plan(config: GenerationConfig, cot_cap: int | None = None) -> Plan:
     """The flags as given (--policy fixed), and the plan of modes that never draft."""
     if not config.uses_draft:
         return Plan(draft=False, stages=(), draft_tokens=config.draft_tokens, verify_chunk=config.verify_chunk,
                     explain={"policy": config.policy, "reason": f"mode {config.mode} forks no draft child"})
-    stages = stage_budgets(config.draft_at, config.draft_interval, config.thinking_budget)
+    stages = stage_budgets(config.draft_at, config.draft_interval, horizon(config, cot_cap))
     return Plan(draft=bool(stages), stages=stages, draft_tokens=config.draft_tokens,
                 verify_chunk=config.verify_chunk,
                 explain={"policy": "fixed", "reason": "--policy fixed: the budgets as given"})
 
 
 def plan_request(config: GenerationConfig, costs: CostModel, stats: PolicyStats,
-                 spans_beside_child: bool = False) -> Plan:
+                 spans_beside_child: bool = False, cot_cap: int | None = None) -> Plan:
     """`--policy auto`: the request's drafting plan from predicted seconds. spans_beside_child:
-    the engine verifies the parent's CoT spans and steps a child in one pass (score_batch)."""
+    the engine verifies the parent's CoT spans and steps a child in one pass (score_batch);
+    cot_cap: the request's CoT tokens at most (horizon)."""
     if config.policy == "fixed" or not config.uses_draft:
-        return fixed_plan(config)
+        return fixed_plan(config, cot_cap)
+    cap = horizon(config, cot_cap)
     # 1. how long the draft would be: the typical answer, at most --draft-tokens
     expected_answer = stats.expected_answer()
-    draft_tokens = min(config.draft_tokens, config.max_tokens, max(16, expected_answer or config.draft_tokens))
+    draft_tokens = min(config.draft_tokens, config.max_answer_tokens or config.draft_tokens,
+                       max(16, expected_answer or config.draft_tokens))
     # 2. what a draft token costs and what a used one saves (seconds), both at earlier requests' speed
     costs = stats.priced(costs)
     batched_s = max(0.0, costs.step(2) - costs.step(1))  # the child riding in the parent's step
@@ -176,15 +187,15 @@ def plan_request(config: GenerationConfig, costs: CostModel, stats: PolicyStats,
     fork_s = costs.cost(4)  # forcing the end marker on the child
     # 3. when: late enough to see most of the CoT, early enough to finish m tokens before it ends
     # (the child writes a token per parent pass; CoT spans beside it make the passes fewer)
-    expected_cot = stats.expected_cot(config.thinking_budget)
+    expected_cot = stats.expected_cot(cap)
     per_pass = 1.0 / max(0.2, 1.0 - stats.cot_span_rate) if spans_beside_child else 1.0  # CoT tokens per pass
     first = config.draft_at if expected_cot is None else \
         max(expected_cot // 4, expected_cot - round(draft_tokens * per_pass))
-    first = min(first, config.thinking_budget - 1)
+    first = min(first, cap - 1)
     # 4. unless one pass carries both, the parent's CoT is decoded without spans while the child
     # lives: what they would have saved
     beside_child = 0 if spans_beside_child else \
-        min(draft_tokens, max(0, (expected_cot or config.thinking_budget) - first))
+        min(draft_tokens, max(0, (expected_cot or cap) - first))
     cot_spans_s = beside_child * stats.cot_span_rate * max(0.0, costs.step(1) - scored_s)
     gain_s = draft_tokens * (used * saved_s - batched_s) - max(0.0, waste_s) - fork_s - cot_spans_s
     explain = {
@@ -203,7 +214,7 @@ def plan_request(config: GenerationConfig, costs: CostModel, stats: PolicyStats,
             f"{saved_s * 1e3:.1f} ms and {used:.0%} are used, CoT spans lost beside the child "
             f"{cot_spans_s:.2f} s -> {gain_s:+.2f} s per draft; suffix decoding from prompt + CoT only")
         return Plan(draft=False, stages=(), draft_tokens=draft_tokens, verify_chunk=chunk, explain=explain)
-    stages = stage_budgets(first, config.draft_interval, config.thinking_budget)
+    stages = stage_budgets(first, config.draft_interval, cap)
     explain["expected_cot_tokens"] = expected_cot
     explain["reason"] = (
         f"draft: {gain_s:+.2f} s per draft predicted ({used:.0%} of {draft_tokens} tokens used, "

@@ -16,11 +16,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..config import MODES, ConfigError, GenerationConfig, SamplingParams
+from ..formats.thinking import TEMPLATE_BUDGET
 from ..formats.tools import ToolUse
 from .tool_request import assistant_calls, tool_use
 
 ROLES = ("system", "developer", "user", "assistant", "tool")  # developer: OpenAI's newer name for system
-# reasoning_effort -> thinking budget, as a multiple of the server's default (medium: the default)
+# reasoning_effort -> thinking budget, as a multiple of the server's default budget (medium: the
+# default). A server with no budget of its own lets the model think as long as it likes at medium and
+# high, and below that takes the fractions of TEMPLATE_BUDGET
 EFFORT = {"none": 0.0, "minimal": 0.125, "low": 0.25, "medium": 1.0, "high": 2.0}
 # fields ssr does not act on: refused (400) unless they ask for nothing (the value a client sends by default)
 UNSUPPORTED = {
@@ -39,8 +42,8 @@ UNSUPPORTED = {
     "best_of": ("best_of must be 1", lambda v: v in (None, 1)),
     "suffix": ("suffix (insertion) is not supported", lambda v: v in (None, "")),
 }
-SSR_OPTIONS = {"mode": str, "thinking_budget": int, "draft_at": int, "draft_tokens": int, "verify": str,
-               "verify_chunk": int, "template": str, "draft_interval": int, "policy": str}
+SSR_OPTIONS = {"mode": str, "thinking_budget": int, "max_answer_tokens": int, "draft_at": int, "draft_tokens": int,
+               "verify": str, "verify_chunk": int, "template": str, "draft_interval": int, "policy": str}
 
 
 class ApiError(Exception):
@@ -228,10 +231,10 @@ def _generation_config(body: dict, options: dict, defaults: GenerationConfig) ->
         raise ApiError(400, f"reasoning_effort must be one of {', '.join(EFFORT)}", param="reasoning_effort")
     budget = options.get("thinking_budget")
     if budget is None:
-        budget = defaults.thinking_budget if effort is None else round(defaults.thinking_budget * EFFORT[effort])
+        budget = _effort_budget(effort, defaults.thinking_budget)
     draft_at = options.get("draft_at")
     if draft_at is None:
-        draft_at = defaults.draft_at if defaults.draft_at < budget else max(0, budget // 2)
+        draft_at = defaults.draft_at if budget is None or defaults.draft_at < budget else max(0, budget // 2)
     mode = options.get("mode", defaults.mode)
     try:
         sampling = SamplingParams(
@@ -242,6 +245,7 @@ def _generation_config(body: dict, options: dict, defaults: GenerationConfig) ->
         )
         return GenerationConfig(
             mode=mode, sampling=sampling, max_tokens=max_tokens, thinking_budget=budget, draft_at=draft_at,
+            max_answer_tokens=options.get("max_answer_tokens", defaults.max_answer_tokens),
             draft_tokens=options.get("draft_tokens", defaults.draft_tokens),
             verify=options.get("verify", defaults.verify),
             verify_chunk=options.get("verify_chunk", defaults.verify_chunk),
@@ -254,6 +258,15 @@ def _generation_config(body: dict, options: dict, defaults: GenerationConfig) ->
         raise ApiError(400, field_message(error)) from error
     except OverflowError as error:  # a number too large for a float
         raise ApiError(400, f"a number is out of range: {error}") from error
+
+
+def _effort_budget(effort: str | None, default: int | None) -> int | None:
+    """The thinking budget reasoning_effort asks for (EFFORT); None: no budget."""
+    if effort is None:
+        return default
+    if default is None:
+        return None if EFFORT[effort] >= 1 else round(TEMPLATE_BUDGET * EFFORT[effort])
+    return round(default * EFFORT[effort])
 
 
 # -- responses ------------------------------------------------------------------------------
