@@ -16,9 +16,9 @@ PROMPT = [5, 6, 7, 8, 9, 10, 11, 12, 13, 14] * 3  # the text repeats: lookup and
 GPU = CostModel(table=gpu_preset())
 
 
-def config(tokens: int = 8, max_model_len: int = 4096):
+def config(tokens: int = 8, max_model_len: int = 4096, is_hybrid: bool = False):
     return SimpleNamespace(speculative_config=SimpleNamespace(num_speculative_tokens=tokens),
-                           model_config=SimpleNamespace(max_model_len=max_model_len))
+                           model_config=SimpleNamespace(max_model_len=max_model_len, is_hybrid=is_hybrid))
 
 
 class Batch:
@@ -140,6 +140,8 @@ def test_the_plugin_rewrites_method_ssr_and_refuses_what_it_cannot_honour():
                         ({"method": "ssr", "num_speculative_tokens": "8"}, "1..128")):
         with pytest.raises(SsrConfigError, match=reason):
             speculative_config(bad)
+    with pytest.raises(SsrConfigError, match="removed in 0.34.0"):  # a vLLM without custom_class
+        speculative_config({"method": "ssr"}, has_custom_class=False)
 
 
 @pytest.mark.parametrize("method, tokens, config", [
@@ -209,3 +211,12 @@ def test_the_drafters_cost_table_is_the_environments_else_the_one_kept_for_the_m
         write_table(table_path("/models/SmolLM2-test"), measured)
     table = vllm_drafter._engine_costs(SimpleNamespace(model="/models/SmolLM2-test/"))
     assert table == {"kept": measured, "preset": gpu_preset(), "env": load_costs("gpu:10")}[expected]
+
+
+def test_a_hybrid_model_is_refused_unless_the_vllm_has_the_fix(monkeypatch):
+    """vLLM issue #39273: a step proposing nothing after accepted drafts corrupts a hybrid model."""
+    monkeypatch.delenv("SSR_DRAFTER_HYBRID", raising=False)
+    with pytest.raises(SsrConfigError, match="#39273"):
+        SsrDrafter(config(is_hybrid=True), costs=gpu_preset(), markers=([], []))
+    monkeypatch.setenv("SSR_DRAFTER_HYBRID", "1")
+    assert SsrDrafter(config(is_hybrid=True), costs=gpu_preset(), markers=([], [])).used

@@ -55,3 +55,11 @@ def test_chat_on_vllm_matches_ar_and_reports_ssr_metrics(server):
         model="smollm2-135m", messages=messages, stream=True) if chunk.choices)
     assert streamed == ssr.choices[0].message.content
     assert _metric(server, "ssr:live_sequences") == 0  # every vLLM request (children too) has ended
+    # vLLM's own metrics, served beside ssr's (its requests: several per ssr request)
+    import re
+
+    from test_server import _get
+
+    text = _get(server + "/metrics")
+    assert float(re.search(r"^vllm:prompt_tokens_total\{[^}]*\} (\S+)$", text, re.MULTILINE).group(1)) > 0
+    assert re.search(r"^vllm:num_preemptions_total\{", text, re.MULTILINE)

@@ -36,6 +36,52 @@ def test_stock_vllm_runs_method_ssr_and_counts_accepted_tokens():
         llm.llm_engine.engine_core.shutdown()
 
 
+def test_stock_vllm_per_request_spec_metrics_agree_with_the_drafters_own_counts():
+    """`per_request_spec_decode_metrics="summary"` (vLLM's `--per-request-spec-decode-metrics
+    summary`) with ssr's method: every request gets vLLM's own acceptance figures, and they are
+    the drafter's, step for step: each verify step is one chain the drafter proposed and saw judged
+    (SSR_DRAFTER_LOG, read through vLLM's worker extension), its drafted and accepted tokens equal."""
+    import os
+
+    import vllm
+    from vllm import SamplingParams
+
+    from ssr.engines.vllm import WORKER_EXTENSION, vllm_model_source
+
+    os.environ["SSR_DRAFTER_LOG"] = "1"  # read in vLLM's worker when the drafter is built
+    try:
+        llm = vllm.LLM(vllm_model_source("smollm2-135m"), speculative_config={"method": "ssr", "num_speculative_tokens": 8},
+                       max_model_len=1024, enforce_eager=True, gpu_memory_utilization=0.3, dtype="float32",
+                       per_request_spec_decode_metrics="summary", worker_extension_cls=WORKER_EXTENSION)
+    finally:
+        os.environ.pop("SSR_DRAFTER_LOG", None)
+    try:
+        outs = llm.generate([PROMPT] + humaneval_prompts(2), SamplingParams(temperature=0, max_tokens=96))
+        (log,) = llm.collective_rpc("ssr_drafter_log")
+    finally:
+        llm.llm_engine.engine_core.shutdown()
+    verified_total = 0
+    for out in outs:
+        metrics = out.outputs[0].spec_decode_metrics
+        assert metrics is not None, "vLLM returned no per-request spec metrics with ssr's method"
+        (steps,) = [steps for name, steps in log.items() if name.split("-")[0] == out.request_id.split("-")[0]]
+        judged = [step for step in steps if step["proposed"] and step["accepted"] is not None]
+        last = [step for step in steps if step["proposed"] and step["accepted"] is None]
+        # the drafter learns a chain's outcome at the request's next step: a request that ends in
+        # the step verifying its last chain leaves that one unjudged (at most one)
+        assert len(last) <= 1 and all(step is steps[-1] for step in last)
+        verified = sum(metrics.histogram)
+        assert verified - len(judged) in (0, len(last))
+        if verified == len(judged):
+            assert metrics.num_draft_tokens == sum(len(step["proposed"]) for step in judged)
+            assert sum(j * count for j, count in enumerate(metrics.histogram)) == sum(s["accepted"] for s in judged)
+            assert [sum(1 for s in judged if s["accepted"] == j) for j in range(len(metrics.histogram))] == metrics.histogram
+        else:  # vLLM verified the last chain too
+            assert metrics.num_draft_tokens >= sum(len(step["proposed"]) for step in judged)
+        verified_total += verified
+    assert verified_total > 0
+
+
 def test_a_config_ssr_cannot_honour_is_refused_at_start():
     import vllm
 

@@ -60,6 +60,16 @@ def test_ar_is_a_cot_request_then_an_answer_request():
     assert engine.opened[1][1] == PROMPT + got.cot_ids + got.forced_ids
 
 
+@pytest.mark.parametrize("mode", ["ar", "ssr"])
+def test_a_thinking_budget_of_0_opens_no_cot_request(mode):
+    """As the sequence walk: no CoT token decoded, no child; the end marker forced at once."""
+    got, engine = run(mode, thinking_budget=0, draft_at=0)
+    assert got.cot_ids == [] and got.metrics.cot_end == "budget" and "parent" not in roles(engine)
+    assert "draft" not in roles(engine) and got.forced_ids and got.answer_ids
+    expected, _ = run("ar", thinking_budget=0, draft_at=0)
+    assert got.answer_ids == expected.answer_ids
+
+
 def test_verify_reads_the_cache_but_not_into_the_draft():
     """vLLM's prompt-logprob rows under a cache hit are junk: a hit reaching into the draft
     (an earlier request wrote the same answer) must send the verify request again uncached.

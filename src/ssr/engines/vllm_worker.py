@@ -14,11 +14,13 @@ class SuffixCacheWorker:
         return getattr(getattr(self.model_runner, "drafter", None), "suffix_cache", None)
 
     def _ssr_drafter(self):
-        """ssr's drafter (vllm_drafter.SsrDrafter), None without the ssr method."""
+        """ssr's drafter (vllm_drafter.SsrDrafter) on the worker whose drafts vLLM schedules; None
+        without the ssr method and on the other tensor-parallel ranks (theirs propose nothing), so
+        counts summed over workers are counted once."""
         from .vllm_drafter import SsrDrafter
 
         drafter = getattr(self.model_runner, "drafter", None)
-        return drafter if isinstance(drafter, SsrDrafter) else None
+        return drafter if isinstance(drafter, SsrDrafter) and drafter.used else None
 
     def ssr_drafter_stats(self) -> dict | None:
         drafter = self._ssr_drafter()

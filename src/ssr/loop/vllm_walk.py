@@ -119,6 +119,9 @@ class VllmGeneration(Walk):
         opening = self.text.opening()
         if opening:
             yield opening
+        if not self.cot_cap:  # a budget of 0: no CoT to decode and no child, as the sequence walk
+            self.metrics.cot_tokens, self.metrics.cot_end = 0, self.cap_end
+            return self.cap_end
         stages = list(self.plan.stages) if self.plan.draft else []
         banned = set(self.banned_ids)
         allowed = [token for token in range(self.engine.vocab_size) if token not in banned] if banned else None

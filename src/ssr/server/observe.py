@@ -90,6 +90,7 @@ class ServerMetrics:
         self.draft_accepted = counter("ssr:draft_tokens_accepted", "Draft tokens accepted as the answer's prefix.")
         self.decisions = counter("ssr:policy_decisions", "The drafting policy's decisions.", ("decision",))
         registry.register(_Legacy(stats, scheduler, engine))
+        self.engine = engine
         self._lock = threading.Lock()
 
     def observe(self, done: Finished) -> None:
@@ -126,7 +127,11 @@ class ServerMetrics:
     def render(self) -> tuple[bytes, str]:
         from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-        return generate_latest(self.registry), CONTENT_TYPE_LATEST
+        own = generate_latest(self.registry)
+        engine = self.engine
+        if engine.capabilities.serves_metrics:  # the engine's own (vLLM's vllm:*), beside ssr's
+            own += engine.metrics_text()
+        return own, CONTENT_TYPE_LATEST
 
 
 class _Legacy:
