@@ -161,12 +161,7 @@ class VllmEngine:
             per_request_spec_decode_metrics="detailed" if speculative_method else "none",
             worker_extension_cls=WORKER_EXTENSION if speculative_method in ("suffix", "ssr") else "")
         if speculative_method == "ssr":
-            from .vllm_plugin import SsrConfigError, refuse_hybrid
-
-            try:
-                refuse_hybrid(args.create_model_config().is_hybrid)
-            except SsrConfigError as error:
-                raise EngineError(str(error)) from error
+            _refuse_hybrid(args)
         self._loop = asyncio.new_event_loop()
         threading.Thread(target=self._loop.run_forever, name="ssr-vllm-loop", daemon=True).start()
         try:
@@ -293,9 +288,12 @@ class VllmEngine:
         """vLLM's own Prometheus metrics (vllm:*, its KV cache, preemptions, queue, spec decode), as
         `vllm serve` serves them: its stat loggers record into this process's default registry. They
         count vLLM's requests, several per ssr request (loop/vllm_walk.py)."""
+        from types import SimpleNamespace
+
         from prometheus_client import REGISTRY, generate_latest
 
-        return generate_latest(_Only(REGISTRY, "vllm:"))
+        vllm_only = SimpleNamespace(collect=lambda: (f for f in REGISTRY.collect() if f.name.startswith("vllm:")))
+        return generate_latest(vllm_only)  # generate_latest reads collect()
 
     def _log_stats(self) -> None:
         """vLLM's periodic stats line, as `vllm serve` logs it (every VLLM_LOG_STATS_INTERVAL seconds,
@@ -334,14 +332,14 @@ class VllmEngine:
         return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result()
 
 
-class _Only:
-    """A registry's metric families whose names start with a prefix (generate_latest reads collect())."""
+def _refuse_hybrid(args) -> None:
+    """ssr's drafter refuses a hybrid model (vllm_plugin.refuse_hybrid): said before vLLM starts."""
+    from .vllm_plugin import SsrConfigError, refuse_hybrid
 
-    def __init__(self, registry, prefix: str) -> None:
-        self.registry, self.prefix = registry, prefix
-
-    def collect(self):
-        return (family for family in self.registry.collect() if family.name.startswith(self.prefix))
+    try:
+        refuse_hybrid(args.create_model_config().is_hybrid)
+    except SsrConfigError as error:
+        raise EngineError(str(error)) from error
 
 
 async def _create(async_llm, args):
