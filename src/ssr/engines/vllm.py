@@ -160,8 +160,6 @@ class VllmEngine:
             **({"enforce_eager": True, "compilation_config": {"mode": 0}} if eager else {}),
             per_request_spec_decode_metrics="detailed" if speculative_method else "none",
             worker_extension_cls=WORKER_EXTENSION if speculative_method in ("suffix", "ssr") else "")
-        if speculative_method == "ssr":
-            _refuse_hybrid(args)
         self._loop = asyncio.new_event_loop()
         threading.Thread(target=self._loop.run_forever, name="ssr-vllm-loop", daemon=True).start()
         try:
@@ -330,16 +328,6 @@ class VllmEngine:
 
     def _call(self, coroutine):
         return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result()
-
-
-def _refuse_hybrid(args) -> None:
-    """ssr's drafter refuses a hybrid model (vllm_plugin.refuse_hybrid): said before vLLM starts."""
-    from .vllm_plugin import SsrConfigError, refuse_hybrid
-
-    try:
-        refuse_hybrid(args.create_model_config().is_hybrid)
-    except SsrConfigError as error:
-        raise EngineError(str(error)) from error
 
 
 async def _create(async_llm, args):

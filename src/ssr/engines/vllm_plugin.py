@@ -92,7 +92,8 @@ def register() -> None:
         def create_speculative_config(self, *args, **kwargs):
             spec = self.speculative_config
             if isinstance(spec, dict) and spec.get("method") == "ssr":
-                self.speculative_config = speculative_config(spec, has_custom_class())
+                spec = self.speculative_config = speculative_config(spec, has_custom_class())
+            if isinstance(spec, dict) and spec.get("model") == DRAFTER:  # "ssr", or ssr's engine's own rewrite
                 target = args[0] if args else kwargs.get("target_model_config")
                 refuse_hybrid(bool(getattr(target, "is_hybrid", False)))  # in the front end: the reason reaches the user
             return original(self, *args, **kwargs)

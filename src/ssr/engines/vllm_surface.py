@@ -57,7 +57,7 @@ SURFACES = (
             "engines/vllm_drafter.py: SsrDrafter.propose"),
     Surface("ModelConfig.is_hybrid (recurrent or linear-attention layers beside attention)",
             "config/model.py", r"def is_hybrid\(self\) -> bool:",
-            "engines/vllm_plugin.py: refuse_hybrid (from vllm_drafter.py and vllm.py)"),
+            "engines/vllm_plugin.py: refuse_hybrid (from register's wrapper and vllm_drafter.py)"),
     Surface("AsyncLLM.output_processor.get_num_unfinished_requests()",
             "v1/engine/output_processor.py", r"def get_num_unfinished_requests\(self\)",
             "engines/vllm.py: VllmEngine.running"),
