@@ -208,3 +208,18 @@ def test_real_native_format_equals_llama_cpp_alone(thinking_smollm, prompt):
         assert ended or len(prompt_ids) + len(want) == model.engine.context_size
         assert result.forced_ids == []
         assert model.engine.live_sequences() == 0
+
+
+@pytest.mark.parametrize("chat_template, flag, suite, expected", [
+    ("{{ '<|im_start|>assistant\\n<think>\\n' }}", "auto", "humaneval", "auto"),  # its own format: as served
+    ("{{ '<|im_start|>assistant\\n' }}", "auto", "humaneval", "code"),  # no thinking of its own: the suite's
+    ("{{ '<|im_start|>assistant\\n' }}", "auto", "longproc:tom_tracking", "trace"),
+    ("{{ '<|im_start|>assistant\\n<think>\\n' }}", "code", "humaneval", "code"),  # --template given: it
+])
+def test_the_bench_runs_a_reasoning_model_in_its_own_format(chat_template, flag, suite, expected):
+    from types import SimpleNamespace
+
+    from ssr.bench.runner import bench_template
+
+    model = SimpleNamespace(template=flag, engine=SimpleNamespace(chat_template=chat_template))
+    assert bench_template(model, suite) == expected

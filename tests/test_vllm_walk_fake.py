@@ -1,10 +1,13 @@
 """loop/vllm_walk.py on the fake model behind vLLM's request interface (no vLLM needed): identity
 with `ar`, which draft is verified, the prefix-cache rule for prompt logprobs, requests."""
+from dataclasses import replace
+
 import pytest
 
 from ssr.config import ConfigError, GenerationConfig, SamplingParams
 from ssr.loop.vllm_walk import VllmGeneration
 from ssr.engines.fake import FakeRequestsEngine
+from ssr.formats.thinking import FORMATS
 
 from test_decode_fake import FMT, PROMPT
 
@@ -58,6 +61,49 @@ def test_ar_is_a_cot_request_then_an_answer_request():
     got, engine = run("ar")
     assert roles(engine) == ["parent", "answer"]
     assert engine.opened[1][1] == PROMPT + got.cot_ids + got.forced_ids
+
+
+NATIVE = replace(FORMATS["think"], start="", end="x", forced_end="x")  # the fake model writes "x" itself
+
+
+def run_native(mode, engine=None, **overrides):
+    engine = engine or FakeRequestsEngine()
+    options = dict(mode=mode, max_tokens=150, draft_at=4, draft_tokens=30, policy="fixed")
+    options.update(overrides)
+    return VllmGeneration(engine, NATIVE, GenerationConfig(**options), PROMPT).run(), engine
+
+
+@pytest.mark.parametrize("mode, method", [("ar", None), ("ar", "ssr"), ("ssr-suffix", "ssr"), ("ssr-suffix", "suffix")])
+def test_where_nothing_comes_between_cot_and_answer_the_parent_request_writes_both(mode, method):
+    """A CoT that ends itself, nothing to force or ban, no draft verified in a request of its own:
+    the parent's request goes on into the answer (stock vLLM's one request), children beside it;
+    the tokens are those of a CoT request then an answer request (a budget the CoT never reaches)."""
+    engine = FakeRequestsEngine()
+    engine.speculative_method = method
+    two, two_engine = run_native("ar", thinking_budget=100)
+    one, engine = run_native(mode, engine)
+    assert roles(two_engine) == ["parent", "answer"] and two.metrics.cot_end == "natural"
+    assert roles(engine) == ["parent"] + ["draft"] * (mode != "ar")
+    assert one.output_ids == two.output_ids and one.answer == two.answer and one.answer_ids
+    assert (one.metrics.cot_tokens, one.metrics.answer_tokens) == (two.metrics.cot_tokens, two.metrics.answer_tokens)
+    assert engine.opened[0][2].max_tokens == 150 and not engine.opened[0][2].allowed_token_ids
+
+
+def test_ssr_suffix_on_vllm_needs_a_method_that_copies_the_draft():
+    engine = FakeRequestsEngine()
+    for method in (None, "ngram"):
+        engine.speculative_method = method
+        with pytest.raises(ConfigError, match="ssr-suffix on vLLM needs a speculative method"):
+            run_native("ssr-suffix", engine)
+
+
+def test_a_verified_draft_or_a_budget_keeps_the_answer_request():
+    engine = FakeRequestsEngine()
+    engine.speculative_method = "ssr"
+    got, engine = run_native("ssr", engine)
+    assert roles(engine) == ["parent", "draft", "verify", "answer"] and got.metrics.cot_end == "natural"
+    _, engine = run_native("ar", thinking_budget=10)
+    assert roles(engine) == ["parent", "answer"]
 
 
 @pytest.mark.parametrize("mode", ["ar", "ssr"])
@@ -191,3 +237,45 @@ def test_host_time_on_requests_leaves_out_the_waits_for_outputs(mode):
     m = got.metrics
     assert m.engine_passes >= m.cot_tokens + m.answer_tokens - (m.accepted_prefix_tokens + 1) * (mode == "ssr")
     assert 0 < m.host_s < wall
+
+
+@pytest.mark.parametrize("running, drafts", [(0, True), (31, False)])
+def test_a_child_is_priced_at_the_batch_it_would_run_in(running, drafts):
+    """A pass is one step up to 16 tokens, then grows with them (compute-bound): alone, a child
+    rides free in the parent's step; among 31 other requests it doubles the step, and is not forked."""
+    from ssr.pricing.costs import CostModel, CostTable
+
+    table = CostTable(step_s={1: 1.0, 2: 1.0, 4: 1.0}, score_s={8: 1.0, 16: 1.0, 32: 2.0, 64: 4.0, 128: 8.0,
+                                                                 256: 16.0, 512: 32.0}, prefill_token_s=0.01)
+    engine = FakeRequestsEngine()
+    engine.live_requests = lambda: running
+    config = GenerationConfig(mode="ssr", max_tokens=150, policy="auto")
+    walk = VllmGeneration(engine, NATIVE, config, PROMPT, costs=CostModel(table=table))
+    assert walk.plan.explain["batch"] == running + 1 and walk.plan.draft is drafts
+
+
+@pytest.mark.parametrize("mode", ["ar", "ssr-suffix", "ssr"])
+def test_a_budget_is_vllms_own_where_the_engine_knows_the_models_markers(mode):
+    """A model of its own format on an engine that knows its markers: the budget is vLLM's
+    thinking_token_budget (counted from the prompt's start marker), its end marker what every mode
+    forces; ar and ssr-suffix are one request, and every mode writes the tokens of the walk that
+    stops the CoT at the budget and forces the same marker in an answer request."""
+    def engine(markers):
+        fake = FakeRequestsEngine()
+        fake.speculative_method, fake.budget_markers = "ssr", markers
+        return fake
+
+    prompt = PROMPT + [ord("<"), ord("\n")]  # the start marker, then a token the budget counts
+    native = replace(NATIVE, start="<", end="z")  # written at the 27th token: a budget of 5 ends the CoT
+    plain = VllmGeneration(engine(None), replace(native, forced_end="z"),
+                           GenerationConfig(mode="ar", max_tokens=150, thinking_budget=5, policy="fixed"), prompt).run()
+    fake = engine(([ord("<")], [ord("z")]))
+    walk = VllmGeneration(fake, native, GenerationConfig(mode=mode, max_tokens=150, thinking_budget=5, draft_at=2,
+                                                         policy="fixed"), prompt)
+    got = walk.run()
+    assert plain.metrics.cot_end == got.metrics.cot_end == "budget" and got.forced_ids == [ord("z")]
+    assert got.output_ids == plain.output_ids and got.answer_ids and len(got.cot_ids) == 5
+    one = mode != "ssr"
+    assert (roles(fake)[-1] == "answer") is not one and walk.vllm_budget == 5 + 1
+    if one:
+        assert fake.opened[0][2].thinking_token_budget == 6

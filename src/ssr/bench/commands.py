@@ -10,8 +10,9 @@ from pathlib import Path
 
 from ..config import MODE_TABLE, MODES, ConfigError, GenerationConfig
 from ..engines import ENGINES, load_engine
-from .report import (attach_quality, drafting_table, format_drafting, format_table, load_rows, summarise,
-                     write_report)
+from .report import (attach_quality, drafting_table, format_drafting, format_table, group_name, load_rows,
+                     render_table, summarise, write_report)
+from .requests import format_requests, requests_table
 
 
 def make_scorer(data_dir: Path | None):
@@ -100,6 +101,9 @@ def cmd_bench(args: argparse.Namespace, config: GenerationConfig, model_loader) 
             drafting = drafting_table(rows)
             if drafting:
                 print(format_drafting(drafting))
+            requests = requests_table(rows, group_name)
+            if requests:
+                print(format_requests(requests, render_table))
             print(f"rows: {out}" + (f"\nreport: {report}" if report else ""), file=sys.stderr)
     return 0
 

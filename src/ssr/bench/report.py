@@ -18,6 +18,7 @@ import numpy as np
 
 from ..config import DRAFT_MODES
 from ..metrics import STAGES, current_names
+from .requests import format_requests, requests_table
 from .sources import ANSWER_SOURCES, COT_SOURCES, sources_table
 
 MODE_ORDER = ("ar", "ssr", "ssr-prefix", "ssr-suffix", "paper", "suffix", "pld", "ngram", "ngram-v1", "vllm-ngram",
@@ -248,6 +249,14 @@ def write_report(rows: list[dict], out_dir: Path, config_note: str = "", extra: 
                           "accepted prefix; answer span tokens: prompt, CoT, draft (only there), the answer's own "
                           "earlier text, other; CoT span tokens: prompt, the CoT's own earlier text, other "
                           "(bench/sources.py).", format_sources(sources, markdown=True))
+    requests = requests_table(rows, group_name)
+    if requests:
+        parts += _section("After the CoT on vLLM (requests and passes per client request)",
+                          "vLLM requests: all a client request made (parent, children, verify, answer); round trips: "
+                          "requests after the CoT, each submitted once the one before returned; passes and tokens fed "
+                          "after the CoT on the request's critical path, priced on the GPU preset in decode steps; "
+                          "measured s: the CoT's end to the answer's end on this machine (bench/requests.py).",
+                          format_requests(requests, render_table, markdown=True))
     plots = _plots(table, out_dir)
     parts += [f"![{name}]({name})" for name in plots] + ([""] if plots else [])
     if extra:

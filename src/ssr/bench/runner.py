@@ -7,6 +7,7 @@ from pathlib import Path
 
 from ..api import SSR
 from ..config import GenerationConfig
+from ..formats.thinking import detect_format
 from ..verifying.lossless import first_divergence
 from ..proposing.history import ResponseHistory
 from .suites import Item
@@ -21,13 +22,21 @@ def template_for(suite: str) -> str:
     return TEMPLATES.get(suite, "plain")
 
 
+def bench_template(model: SSR, suite: str) -> str:
+    """The thinking format an item runs in: --template where given; else the model's own where it
+    has one (a reasoning model is measured as it is served); else the suite's template."""
+    if model.template != "auto":
+        return model.template
+    return "auto" if detect_format(model.engine.chat_template).native else template_for(suite)
+
+
 def run_item(model: SSR, item: Item, modes: list[str], config: GenerationConfig, repeat: int,
              template: str | None = None, flip: bool = False, engine: str = "llama.cpp",
              histories: dict[str, ResponseHistory] | None = None) -> list[dict]:
     """Every mode once on one item; the order is reversed when `flip` (alternate it per
     item and repeat to cancel drift). histories: per mode, the earlier items' responses of this
     pass (never this item's: not another mode's, not another repeat's)."""
-    template = template or template_for(item.suite)
+    template = template or bench_template(model, item.suite)
     order = modes[::-1] if flip else modes
     histories = histories if histories is not None else {mode: ResponseHistory(0) for mode in modes}
     earlier = {mode: len(histories[mode].responses) for mode in modes}  # responses each mode could copy from

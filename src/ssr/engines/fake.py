@@ -137,6 +137,7 @@ class FakeRequestsEngine:
     enable_prefix_caching = True
     max_logprobs = 20  # as vLLM's default
     vocab_size, eos_ids, chat_template, bos_text, eos_text = 128, frozenset({0}), None, "", "<eos>"
+    budget_markers = None  # (start, end) ids: requests may set thinking_token_budget, as on vLLM
 
     def __init__(self, block_size: int = 4, context_size: int = 1 << 16, **fake_options) -> None:
         self.model = FakeEngine(**fake_options)
@@ -179,8 +180,12 @@ class FakeRequestsEngine:
             else None
         generated: list[int] = []
         sample_rows: list | None = [] if params.logprobs is not None else None
+        forcing = _ThinkingBudget(self.budget_markers, tokens, getattr(params, "thinking_token_budget", None))
         while len(generated) < params.max_tokens:
             logits = self.model._logits(tokens).astype(np.float64)  # [vocab]
+            forced = forcing.next()
+            if forced is not None:  # vLLM's thinking budget: only the end marker's next token is allowed
+                logits = np.where(np.arange(len(logits)) == forced, 0.0, -np.inf)
             raw = _log_softmax(logits)  # before the mask, as vLLM's raw logprobs
             if params.allowed_token_ids is not None:
                 masked = np.full_like(logits, -np.inf)
@@ -195,6 +200,7 @@ class FakeRequestsEngine:
                 sample_rows.append(_top_row(raw, params.logprobs, token))
             tokens.append(token)
             generated.append(token)
+            forcing.saw(token)
             text = bytes(t for t in generated if t).decode("ascii", "replace")
             output = SimpleNamespace(outputs=[SimpleNamespace(token_ids=list(generated), finish_reason=None,
                                                               logprobs=None if sample_rows is None else
@@ -261,3 +267,33 @@ def _top_row(raw: np.ndarray, size: int, token: int) -> dict:
     row = {int(t): SimpleNamespace(rank=rank[int(t)], logprob=float(raw[t])) for t in keep}
     row.setdefault(int(token), SimpleNamespace(rank=rank[int(token)], logprob=float(raw[token])))
     return row
+
+
+class _ThinkingBudget:
+    """vLLM's thinking_token_budget as vllm/v1/sample/thinking_budget_state.py counts it: thinking
+    from the prompt's last start marker (prompt tokens after it count), until the end marker; at
+    the budget the end marker is forced, one token a step."""
+
+    def __init__(self, markers, prompt_ids: list[int], budget: int | None) -> None:
+        from .vllm_budget import tokens_after
+
+        self.start, self.end = markers or ((), ())
+        after_start, after_end = tokens_after(prompt_ids, self.start), tokens_after(prompt_ids, self.end)
+        thinking = budget is not None and after_start is not None and (after_end is None or after_start < after_end)
+        self.count = after_start if thinking else None  # thinking tokens so far (None: not thinking, no budget)
+        self.budget, self.recent, self.forcing = budget, [], []
+
+    def next(self) -> int | None:
+        """The token vLLM forces next (None: the model's own)."""
+        if self.count is not None and self.count >= self.budget and not self.forcing:
+            self.forcing = list(self.end)
+        return self.forcing[0] if self.forcing else None
+
+    def saw(self, token: int) -> None:
+        if self.forcing:
+            self.forcing.pop(0)
+        self.recent = (self.recent + [token])[-len(self.end):] if self.end else []
+        if self.count is not None:
+            self.count += 1
+            if self.recent == list(self.end):
+                self.count = None  # the thinking has ended

@@ -28,6 +28,7 @@ from pathlib import Path
 
 from .base import Capabilities, EngineError
 from .tokenizer import TokenizerText
+from .vllm_budget import budget_markers, reasoning_config
 from .vllm_costs import model_name
 from .vllm_worker import SuffixCacheWorker
 
@@ -150,6 +151,11 @@ class VllmEngine:
         if block_size is None and self.on_cpu:
             block_size = 32
         speculative = speculative_config_of(speculative_method, num_speculative_tokens)
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(model)
+        except Exception as error:  # noqa: BLE001 - transformers raises many kinds
+            raise EngineError(f"vLLM could not load {model}'s tokenizer: {str(error).splitlines()[0]}") from error
+        self.budget_markers = budget_markers(tokenizer)  # (start, end) ids of vLLM's thinking budget, or None
         args = AsyncEngineArgs(
             model=model, max_model_len=context_size, tensor_parallel_size=tensor_parallel_size,
             pipeline_parallel_size=pipeline_parallel_size, gpu_memory_utilization=gpu_memory_utilization,
@@ -159,12 +165,12 @@ class VllmEngine:
             # eager: plain PyTorch, no torch.compile nor CUDA graphs (starts in seconds, steps slower)
             **({"enforce_eager": True, "compilation_config": {"mode": 0}} if eager else {}),
             per_request_spec_decode_metrics="detailed" if speculative_method else "none",
+            **({"reasoning_config": reasoning_config(tokenizer)} if self.budget_markers else {}),
             worker_extension_cls=WORKER_EXTENSION if speculative_method in ("suffix", "ssr") else "")
         self._loop = asyncio.new_event_loop()
         threading.Thread(target=self._loop.run_forever, name="ssr-vllm-loop", daemon=True).start()
         try:
             self._llm = self._call(_create(AsyncLLM, args))
-            tokenizer = AutoTokenizer.from_pretrained(model)
         except Exception as error:  # vLLM raises many kinds; the person needs the first line
             self._loop.call_soon_threadsafe(self._loop.stop)
             raise EngineError(f"vLLM could not load {model}: {str(error).splitlines()[0] if str(error) else error!r}") \

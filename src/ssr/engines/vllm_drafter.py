@@ -91,6 +91,10 @@ class ChainDrafter:
         self.cot_spans = SpanPolicy(self.costs, learnt.get("cot"), one_chain=True)  # the others judged
         self.one_span_policies = (SpanPolicy(self.costs, learnt.get("answer")), SpanPolicy(self.costs, learnt.get("cot")))
         self._end = list(self.end_ids)
+        # a request whose prompt closes a CoT (a draft child: CoT[:b] + end marker) answers it: its
+        # response is kept from the marker on, so a request that writes the marker next copies it
+        closed_at = -1 if self.thinking else _last_at(self.prompt_ids, self._end)
+        self._closing = [int(token) for token in self.prompt_ids[closed_at:]] if closed_at >= 0 else []
 
     def step(self, sampled: Sequence[int], room: int, costs: CostModel | None = None, batch: int = 1) -> list[int]:
         """sampled: tokens vLLM committed for this request since the last step (the accepted
@@ -145,13 +149,14 @@ class ChainDrafter:
         return len(self.prompt_ids) + len(self._output)
 
     def finish(self) -> list[int]:
-        """The request left the batch: its output (for the shared history), stats learnt."""
+        """The request left the batch: its response for the shared history (its output, after
+        the CoT end marker its prompt closed with, if any), stats learnt."""
         if self.stats is not None:  # of each part's two policies, the one that ran more passes
             answer, cot = (max(pair, key=lambda policy: policy.timed_passes) for pair in
                            zip((self.spans, self.cot_spans), self.one_span_policies))
             self.stats.spans.update(answer=dict(answer.stats), cot=dict(cot.stats))
         self.proposer.end()  # what it borrowed from the history goes back
-        return self._output
+        return self._closing + self._output if self._output else []
 
     def _take(self, sampled: Sequence[int]) -> None:
         """The step's tokens, to the output and the proposer; the CoT ends where the end marker does."""
@@ -232,6 +237,7 @@ class SsrDrafter:
         self._batch_costs: dict[int, CostModel] = {}  # batch (a power of 2) -> its cost model
         self.start_ids, self.end_ids = markers if markers is not None else _markers(vllm_config.model_config)
         self.history = ResponseHistory(HISTORY_TOKENS)  # every finished request's output
+        self.forgotten: set[str] = set()  # requests older than the last forget_responses: kept out of it
         self.stats = PolicyStats()  # span acceptance carried from request to request, as ssr serve's
         self.requests: dict[str, ChainDrafter] = {}  # running request id -> its drafter
         self.input_batch = None  # vLLM's InputBatch of the step (set by the plugin before propose)
@@ -299,8 +305,9 @@ class SsrDrafter:
     def _finish(self, request_id: str) -> None:
         drafter = self.requests.pop(request_id)
         output = drafter.finish()
-        if output and not self.isolated:
+        if output and not self.isolated and request_id not in self.forgotten:
             self.history.add(output)
+        self.forgotten.discard(request_id)
 
     @property
     def costs_model(self) -> CostModel:
@@ -336,6 +343,9 @@ class SsrDrafter:
         Requests still running keep the history they started with (their proposers hold it)."""
         count = len(self.history.responses)
         self.history = ResponseHistory(HISTORY_TOKENS)
+        # the requests it knows of are earlier too: those that have left the batch are only seen to
+        # have gone at the next step, and their responses must not join the new history then
+        self.forgotten.update(self.requests)
         return count
 
     def stats_dict(self) -> dict:

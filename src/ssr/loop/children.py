@@ -4,6 +4,7 @@ token per parent pass and finished at EOS, m tokens or the CoT's end."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -13,6 +14,9 @@ from ..pricing.drafting import Plan
 from ..verifying.sampling import sample, target_probs
 from .sequences import Sequences
 from .verifier import Verifier
+
+if TYPE_CHECKING:
+    from ..engines.vllm import Request
 
 
 @dataclass
@@ -127,3 +131,27 @@ class DraftChildren:
         for draft in self.drafts:
             if draft.seq is not None:
                 self.finish(draft)
+
+
+@dataclass
+class RequestChild(Draft):
+    """A draft child that is a vLLM request (loop/vllm_walk.py)."""
+
+    request: Request | None = None  # while it runs
+    cached_tokens: int = 0  # of its prompt, read from vLLM's prefix cache
+    context_ids: list[int] = field(default_factory=list)  # prompt + CoT[:b] + forced tokens
+    carried_ids: list[int] = field(default_factory=list)  # draft tokens in its prompt after the context
+    carried_rows: list[dict[int, float]] = field(default_factory=list)  # sampled: their rows, as drafted
+    checked: bool = True  # the carried tokens were scored under this child's CoT (or there are none)
+    rows: list[dict[int, float]] = field(default_factory=list)  # sampled: one top-k row per draft token
+
+
+def latest_usable(drafts: list[RequestChild]) -> RequestChild | None:
+    """The latest draft that wrote anything (a child forked just before the end may not have)."""
+    return next((draft for draft in reversed(drafts) if draft.token_ids), None)
+
+
+def through_eos(token_ids: list[int], eos_ids) -> list[int]:
+    """Tokens up to and including the first end token."""
+    end = next((i for i, token in enumerate(token_ids) if token in eos_ids), None)
+    return list(token_ids) if end is None else list(token_ids[: end + 1])

@@ -1,25 +1,27 @@
 """One request on vLLM: SSR made of ordinary vLLM requests (engines/vllm.py); it shares the
 sequence walk's transcript, result and iteration (loop/walk.py).
 
-  1. think    - the parent streams its CoT (stops at the end marker or b_v; code fences
-                masked out with allowed_token_ids: vLLM's speculative methods refuse
-                logit_bias). At each stage budget b a draft child is submitted: prompt +
-                CoT[:b] + end marker + answer prefix, so its prompt is a prefix-cache hit on
-                the parent's blocks; it writes up to m tokens in vLLM's batch while the
-                parent streams on. A later stage is *bootstrapped*: the previous draft rides
-                in the new child's prompt, scored there (`prompt_logprobs`) under the longer
-                CoT; if a token is rejected the child restarts from the accepted prefix and
-                the token that replaces it (a prefix-cache hit).
-  2. close    - the parent has ended: live children are aborted; the latest non-empty draft
-                is verified in one request over prompt + CoT + forced + draft with
-                `prompt_logprobs` (greedy: accepted while the draft token is the argmax; the
-                first mismatch's argmax, or the token after a fully accepted draft, is the bonus;
-                sampled: exact rejection sampling on top-k rows, verify.verify_sampled_rows)
-  3. continue - one request from the accepted prefix. With --speculative-method suffix vLLM
-                speculates CoT and answer itself, the children's drafts being responses in its
-                suffix tree; what it accepted: metrics.engine["speculation"], the trace
+  1. think    - the parent streams its CoT (stops at the end marker or b_v; code fences masked
+                out with allowed_token_ids: vLLM's speculative methods refuse logit_bias). At
+                each stage budget b a draft child is submitted: prompt + CoT[:b] + end marker +
+                answer prefix, a prefix-cache hit on the parent's blocks; it writes up to m
+                tokens in vLLM's batch while the parent streams on. A later stage is
+                *bootstrapped*: the previous draft rides in the new child's prompt, scored there
+                (`prompt_logprobs`) under the longer CoT; if a token is rejected the child
+                restarts from the accepted prefix and the token that replaces it.
+  2. close    - the CoT has ended: live children are aborted; the latest non-empty draft is
+                verified in one request over prompt + CoT + forced + draft with `prompt_logprobs`
+                (greedy: accepted while the draft token is the argmax; the first mismatch's
+                argmax, or the token after a fully accepted draft, is the bonus; sampled: exact
+                rejection sampling on top-k rows, verify.verify_sampled_rows)
+  3. continue - one request from the accepted prefix; or, where nothing comes between CoT and
+                answer (`goes_on`: ar and ssr-suffix, nothing to ban or to force but what vLLM's
+                own thinking budget forces, engines/vllm_budget.py), the parent's request goes
+                on, as stock vLLM serves it, and the children's drafts reach it as earlier
+                responses that vLLM's speculative method (ssr, suffix) copies. What vLLM
+                accepted: metrics.engine["speculation"], the trace
   4. finish   - every request still open is aborted, metrics closed
-`ar` is the same walk without children: the CoT request, then the answer request.
+`ar` is the same walk without children.
 
 Sampled requests: exact rejection sampling on vLLM's raw top-k logprob rows, which hold every
 token the sampler may pick when top_k = k <= max_logprobs (-1: whole vocabularies); the child
@@ -28,8 +30,8 @@ Otherwise a sampled request decodes plainly and says why (docs/losslessness.md, 
 """
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -40,26 +42,15 @@ from ..engines.vllm import Request, VllmEngine
 from ..metrics import StageClock
 from ..pricing.drafting import PolicyStats, fixed_plan, plan_request
 from ..formats.thinking import ThinkingFormat
-from ..verifying.verify import verify_greedy, verify_sampled_rows
+from ..verifying.verify import exact_row_size, verify_greedy_rows, verify_sampled_rows
+from ..engines.vllm_budget import vllm_budget
 from ..engines.vllm_speculation import record_speculation
-from .children import Draft
+from .children import Draft, RequestChild, latest_usable, through_eos
 from .transcript import Chunk
 from .walk import Walk
 
-VLLM_MODES = ("ar", "ssr", "ssr-prefix")  # continuation proposers live inside vLLM (--speculative-method)
-
-
-@dataclass
-class Child(Draft):
-    """A draft child that is a vLLM request."""
-
-    request: Request | None = None  # while it runs
-    cached_tokens: int = 0  # of its prompt, read from vLLM's prefix cache
-    context_ids: list[int] = field(default_factory=list)  # prompt + CoT[:b] + forced tokens
-    carried_ids: list[int] = field(default_factory=list)  # draft tokens in its prompt after the context
-    carried_rows: list[dict[int, float]] = field(default_factory=list)  # sampled: their rows, as drafted
-    checked: bool = True  # the carried tokens were scored under this child's CoT (or there are none)
-    rows: list[dict[int, float]] = field(default_factory=list)  # sampled: one top-k row per draft token
+VLLM_MODES = ("ar", "ssr", "ssr-prefix", "ssr-suffix")  # continuation proposers live inside vLLM (--speculative-method)
+COPIES_RESPONSES = ("ssr", "suffix")  # vLLM methods that copy from earlier requests' responses (a child's draft)
 
 
 class VllmGeneration(Walk):
@@ -71,12 +62,32 @@ class VllmGeneration(Walk):
         if config.mode not in VLLM_MODES:
             raise ConfigError(f"--engine vllm runs modes {', '.join(VLLM_MODES)}; for suffix or prompt-lookup "
                               "continuation start it with --speculative-method suffix|ngram")
+        if config.mode == "ssr-suffix" and getattr(engine, "speculative_method", None) not in COPIES_RESPONSES:
+            raise ConfigError("--mode ssr-suffix on vLLM needs a speculative method that copies earlier responses "
+                              f"(--speculative-method {' or '.join(COPIES_RESPONSES)}): the draft reaches the answer "
+                              "only through it")
         super().__init__(engine, fmt, config, prompt_ids, stats)
         self.banned_ids = sorted(banned_ids)
-        self.plan = plan_request(config, costs or CostModel(), stats or PolicyStats(), cot_cap=self.cot_cap)
+        # a budget the CoT may reach, on a model of its own format: vLLM counts it and forces the
+        # end marker itself (vllm_budget.py), the same marker in every mode and child
+        markers = getattr(engine, "budget_markers", None)
+        self.vllm_budget = vllm_budget(self.prompt_ids, markers[0], self.cot_cap) \
+            if markers and fmt.native and self.cot_cap < self.limit and engine.tokenize(fmt.end) == markers[1] else None
+        if self.vllm_budget is not None:
+            self.forced_end_ids = list(markers[1])
+        # one request writes the CoT and the answer, as stock vLLM serves it, where nothing comes
+        # between them: no draft verified in a request of its own (ar, ssr-suffix: vLLM's method
+        # copies the draft), no token banned while thinking, no answer prefix, no budget but vLLM's
+        self.goes_on = not config.verifies_draft_prefix and not self.banned_ids and not self.answer_prefix_ids \
+            and (self.cot_cap >= self.limit or self.vllm_budget is not None)
+        # a child is priced at the batch it would run in: the requests vLLM holds now and this one
+        batch = engine.live_requests() + 1
+        self.plan = plan_request(config, (costs or CostModel()).at_batch(batch), stats or PolicyStats(),
+                                 cot_cap=self.cot_cap)
+        self.plan.explain["batch"] = batch
         max_logprobs = getattr(engine, "max_logprobs", 20)
-        self.row_size = _row_size(config.sampling, max_logprobs)
-        if not config.sampling.greedy and self.plan.draft and self.row_size is None:
+        self.row_size = exact_row_size(config.sampling, max_logprobs)
+        if not config.sampling.greedy and self.plan.draft and self.row_size is None and config.verifies_draft_prefix:
             self.plan = fixed_plan(GenerationConfig(mode="ar", sampling=config.sampling))
             self.plan.explain["reason"] = (
                 f"sampling on vLLM decodes plainly here: exact verification needs top_k between 1 and the "
@@ -90,7 +101,8 @@ class VllmGeneration(Walk):
     def _run(self) -> Iterator[Chunk]:
         clock = StageClock(self.metrics)
         self._open: list[Request] = []  # every request this generation submitted
-        drafts: list[Child] = []
+        self._parent, self._parent_seen = None, 0  # the CoT's request, its output tokens read
+        drafts: list[RequestChild] = []
         cot_ids = self.text.cot_ids  # the transcript's: it grows as the CoT is read
         try:
             # 1. think (children fork at the plan's budgets)
@@ -98,7 +110,7 @@ class VllmGeneration(Walk):
             since = clock.add("cot", 0.0)
             if not self.length_end(cot_end):  # (the output ends with its CoT: no answer)
                 # 2. close the CoT, verify the latest draft
-                yield from self._close(cot_ids, cot_end, _latest_usable(drafts))
+                yield from self._close(cot_ids, cot_end, latest_usable(drafts))
                 self.metrics.first_answer_token_s = since = clock.add("verify", since)
                 # 3. continue
                 yield from self._continue(cot_ids)
@@ -110,11 +122,11 @@ class VllmGeneration(Walk):
         if tail:
             yield tail
         self.metrics.total_s = clock.now()
-        used = _latest_usable(drafts)
+        used = latest_usable(drafts)
         self._close_metrics(drafts, used)
         self.finish(used.token_ids if used else [])
 
-    def _think(self, cot_ids: list[int], drafts: list[Child], clock: StageClock):
+    def _think(self, cot_ids: list[int], drafts: list[RequestChild], clock: StageClock):
         """Stage 1: fills cot_ids and drafts; returns how the CoT ended."""
         opening = self.text.opening()
         if opening:
@@ -129,24 +141,31 @@ class VllmGeneration(Walk):
         # its spec-decode metrics; a text marker stops it in the frontend (no metrics: the stream's)
         end_ids = self.engine.tokenize(self.fmt.end)
         stops = {"stop_ids": end_ids} if len(end_ids) == 1 else {"stop": [self.fmt.end]}
-        parent = self._submit("parent", self.prompt_ids, self._params(
-            self.cot_cap, allowed_token_ids=allowed, detokenize=True, **stops))
+        if self.goes_on:  # the parent's request goes on into the answer, as stock vLLM serves it
+            budget = {} if self.vllm_budget is None else {"thinking_token_budget": self.vllm_budget}
+            parent = self._submit("parent", self.prompt_ids, self._params(self.limit, detokenize=True, **budget))
+        else:
+            parent = self._submit("parent", self.prompt_ids, self._params(
+                self.cot_cap, allowed_token_ids=allowed, detokenize=True, **stops))
         cot_end, seen = "", 0
         self._fork_due(cot_ids, stages, drafts, clock)  # b = 0: a child from the prompt alone
         for output in parent.stream():
-            new = output.outputs[0].token_ids[seen:]
-            seen += len(new)
-            for token in new:
+            for token in output.outputs[0].token_ids[seen:]:
+                seen += 1
                 chunk, cot_end = self.text.cot_token(token)
                 if chunk:
                     yield chunk
+                if not cot_end and self.goes_on and len(cot_ids) == self.cot_cap < self.limit:
+                    cot_end = self.cap_end  # vLLM forces the end marker next (vllm_budget)
                 if cot_end:
                     break
                 self._fork_due(cot_ids, stages, drafts, clock)
             if cot_end:
                 break
-        parent.abort()
-        self._speculation("cot", parent, 0, len(cot_ids))
+        self._parent, self._parent_seen = parent, seen
+        if not self._goes_on(cot_end):
+            parent.abort()
+            self._speculation("cot", parent, 0, len(cot_ids))
         if not cot_end:  # the stream ended without an end marker or EOS seen here
             reason = parent.latest.outputs[0].finish_reason if parent.latest is not None else "length"
             cot_end = self.cap_end if reason == "length" else "natural"
@@ -199,7 +218,7 @@ class VllmGeneration(Walk):
             raise EngineError("vLLM returned no prompt logprobs for a draft position")
         bonus = output.outputs[0].token_ids[0]  # the target's own token after the whole draft
         if self.config.sampling.greedy:
-            accepted, next_token = _greedy_verdict(draft_ids, target_rows, bonus)
+            accepted, next_token = verify_greedy_rows(draft_ids, target_rows, bonus)
             return accepted, next_token, cached
         verdict = verify_sampled_rows(draft_ids, draft_rows[: len(draft_ids)],
                                       [self._top(row) for row in target_rows], bonus, self.config.sampling,
@@ -212,48 +231,67 @@ class VllmGeneration(Walk):
         return request.result()
 
     def _continue(self, cot_ids: list[int]) -> Iterator[Chunk]:
-        """Stage 3: one request from the accepted prefix to EOS or max_tokens."""
+        """Stage 3: the parent's own request goes on (`goes_on`, the CoT ended itself), or one
+        request from the accepted prefix; to EOS or max_tokens."""
         if self.metrics.stop:
             return
-        context = self.prompt_ids + cot_ids + self.text.forced_ids + self.text.answer_ids
-        request = self._submit("answer", context, self._params(self.text.answer_room()))
-        seen, start = 0, len(self.text.answer_ids)
-        for output in request.stream():
-            new = list(output.outputs[0].token_ids[seen:])
+        request, start, forced = self._parent, len(self.text.answer_ids), self.text.forced_ids
+        if request is not None and self._goes_on(self.metrics.cot_end):  # after the CoT and what vLLM forced
+            first, outputs = self._parent_seen + len(forced), [request.latest]
+        else:
+            context = self.prompt_ids + cot_ids + forced + self.text.answer_ids
+            request, first, outputs = self._submit("answer", context, self._params(self.text.answer_room())), 0, []
+            self.metrics.engine["answer_prompt_tokens"] = len(context)
+        seen = first
+        for output in itertools.chain(outputs, request.stream()):
+            tokens = output.outputs[0].token_ids
+            if first and len(tokens) >= first and list(tokens[self._parent_seen:first]) != forced:
+                raise EngineError(f"vLLM's thinking budget forced {list(tokens[self._parent_seen:first])}, "
+                                  f"not the end marker {forced}")
+            new = list(tokens[seen:])
             seen += len(new)
             yield from self.commit(new)
             if self.metrics.stop:
                 break
         request.abort()
-        self._speculation("answer", request, start, len(self.text.answer_ids) - start)
+        if not first and request.latest is not None:
+            self.metrics.engine["answer_cached_tokens"] = request.latest.num_cached_tokens or 0
+        used = len(self.text.answer_ids) - start
+        if first:  # one request wrote both: its speculation read in two parts
+            self._speculation("cot", request, 0, len(cot_ids), part=(0, first))
+        self._speculation("answer", request, start, used, part=(first, seen) if first else None)
         if not self.metrics.stop:
             self.metrics.stop = "eos" if self.text.answer_room() else "max_tokens"
-        self.metrics.decode_steps = len(cot_ids) + seen  # tokens vLLM decoded for the parent
+        self.metrics.decode_steps = len(cot_ids) + seen - first  # tokens vLLM decoded for the parent
+
+    def _goes_on(self, cot_end: str) -> bool:
+        """The parent's request goes on into the answer after a CoT that ended so."""
+        return self.goes_on and (cot_end == "natural" or (cot_end == "budget" and self.vllm_budget is not None))
 
     # -- children -------------------------------------------------------------------------
 
-    def _fork_due(self, cot_ids: list[int], stages: list[int], drafts: list[Child], clock: StageClock) -> None:
+    def _fork_due(self, cot_ids: list[int], stages: list[int], drafts: list[RequestChild], clock: StageClock) -> None:
         """Fork when the CoT has reached the next stage budget (and look at a bootstrapped child)."""
         self._check(drafts[-1] if drafts else None)
         if stages and len(cot_ids) == stages[0]:
             stages.pop(0)
             self._fork(cot_ids, drafts, clock)
 
-    def _fork(self, cot_ids: list[int], drafts: list[Child], clock: StageClock) -> None:
+    def _fork(self, cot_ids: list[int], drafts: list[RequestChild], clock: StageClock) -> None:
         """A draft child from CoT[:b]. A previous child is stopped and its draft rides in the new
         child's prompt (bootstrapping; `_check` scores it under the longer CoT)."""
         previous = drafts[-1] if drafts else None
         if previous is not None:
             self._finish_draft(previous, clock)
         context = self.prompt_ids + cot_ids + self.forced_end_ids + self.answer_prefix_ids
-        draft = Child(seq=None, forked_at=len(cot_ids), started_s=clock.now(), context_ids=context)
+        draft = RequestChild(seq=None, forked_at=len(cot_ids), started_s=clock.now(), context_ids=context)
         if previous is not None and previous.token_ids and self.config.verifies_draft_prefix:
-            carried = _through_eos(previous.token_ids, self.engine.eos_ids)[: self.plan.draft_tokens]
+            carried = through_eos(previous.token_ids, self.engine.eos_ids)[: self.plan.draft_tokens]
             draft.carried_ids, draft.carried_rows, draft.checked = carried, previous.rows[: len(carried)], False
         self._submit_child(draft, score_carried=not draft.checked)
         drafts.append(draft)
 
-    def _submit_child(self, draft: Child, score_carried: bool) -> None:
+    def _submit_child(self, draft: RequestChild, score_carried: bool) -> None:
         extra = {"prompt_logprobs": self._row_request()} if score_carried else {}
         if not self.config.sampling.greedy:
             extra["logprobs"] = self.row_size  # its rows, for the verification
@@ -262,7 +300,7 @@ class VllmGeneration(Walk):
         draft.request = self._submit("draft", draft.context_ids + draft.carried_ids,
                                      self._params(left, child=True, **extra))
 
-    def _check(self, draft: Child | None, restart: bool = True) -> bool:
+    def _check(self, draft: RequestChild | None, restart: bool = True) -> bool:
         """Once a bootstrapped child's first output is in: its carried tokens scored under its own
         CoT. All accepted: it goes on. Else its carried tokens become the accepted prefix and the
         token that replaces the first rejected one, and (restart) it starts again from them (a
@@ -280,7 +318,7 @@ class VllmGeneration(Walk):
                 or (bonus is None and not greedy):
             accepted, next_token = 0, None  # rows missing (the cache reached into the carried tokens): start afresh
         elif greedy:
-            accepted, next_token = _greedy_verdict(carried, scored, bonus)
+            accepted, next_token = verify_greedy_rows(carried, scored, bonus)
         else:
             own_rows = [self._top(row) for row in scored]
             verdict = verify_sampled_rows(carried, draft.carried_rows, own_rows, bonus, self.config.sampling, self.rng)
@@ -297,7 +335,7 @@ class VllmGeneration(Walk):
             self._submit_child(draft, score_carried=False)
         return False
 
-    def _finish_draft(self, draft: Child, clock: StageClock) -> None:
+    def _finish_draft(self, draft: RequestChild, clock: StageClock) -> None:
         request = draft.request
         if request is None:
             return
@@ -305,7 +343,7 @@ class VllmGeneration(Walk):
         follows = self._check(draft, restart=False)  # its first output may have come in since the last look
         written = request.token_ids if follows else []  # after a rejected carried token they are void
         if draft.checked:  # else its carried tokens were never scored: the previous draft stays the usable one
-            draft.token_ids = _through_eos(draft.carried_ids + written, self.engine.eos_ids)[: self.plan.draft_tokens]
+            draft.token_ids = through_eos(draft.carried_ids + written, self.engine.eos_ids)[: self.plan.draft_tokens]
             if not self.config.sampling.greedy:
                 generated = request.latest.outputs[0].logprobs if request.latest is not None else []
                 draft.rows = (draft.carried_rows + [self._top(row) for row in generated or []])[: len(draft.token_ids)]
@@ -321,11 +359,12 @@ class VllmGeneration(Walk):
         """Blocked on vLLM's outputs; passes: the outputs vLLM produced (an engine step each)."""
         return sum(r.waited_s for r in self._open), sum(len(r.steps) for r in self._open)
 
-    def _speculation(self, phase: str, request: Request, start: int, used: int) -> None:
-        """What vLLM's own speculative method accepted in the CoT or answer request."""
+    def _speculation(self, phase: str, request: Request, start: int, used: int,
+                     part: tuple[int, int] | None = None) -> None:
+        """What vLLM's own speculative method accepted in the CoT or answer (request, or its part)."""
         method = getattr(self.engine, "speculative_method", None)
         if method:
-            record_speculation(self.metrics, self.trace, phase, request, f"vllm-{method}", start, used)
+            record_speculation(self.metrics, self.trace, phase, request, f"vllm-{method}", start, used, part)
 
     def _submit(self, role: str, prompt_ids: list[int], params) -> Request:
         request = self.engine.open(self.engine.new_id(role), prompt_ids, params)
@@ -351,7 +390,7 @@ class VllmGeneration(Walk):
         limit = self.row_size if self.row_size and self.row_size > 0 else len(row)
         return {token: logprob.logprob for token, logprob in row.items() if logprob.rank <= limit}
 
-    def _close_metrics(self, drafts: list[Child], used: Child | None) -> None:
+    def _close_metrics(self, drafts: list[RequestChild], used: RequestChild | None) -> None:
         metrics = self.metrics
         # a child's draft counts as accepted by what took it on: the next stage's bootstrapped
         # prefix, or (the one verified) the parent's accepted prefix
@@ -361,40 +400,3 @@ class VllmGeneration(Walk):
                           for index, draft in enumerate(drafts)]
         metrics.draft_tokens = len(used.token_ids) if used else 0
         metrics.engine["requests"] = len(self._open)
-
-
-def _latest_usable(drafts: list[Child]) -> Child | None:
-    """The latest draft that wrote anything (a child forked just before the end may not have)."""
-    return next((draft for draft in reversed(drafts) if draft.token_ids), None)
-
-
-def _row_size(sampling, max_logprobs: int) -> int | None:
-    """Tokens per row that make sampled verification exact (see the module docstring): top_k when
-    vLLM may return that many, -1 (whole vocabularies) when it returns all, else None."""
-    if sampling.greedy:
-        return 1
-    if sampling.top_k > 0 and (max_logprobs == -1 or sampling.top_k <= max_logprobs):
-        return sampling.top_k
-    return -1 if max_logprobs == -1 else None
-
-
-def _greedy_verdict(draft_ids: list[int], rows: list[dict], bonus: int | None) -> tuple[int, int | None]:
-    """(tokens accepted while each is the row's argmax, the argmax at the first mismatch or the
-    bonus after a fully accepted draft): verify.verify_greedy over the rows' argmax ids."""
-    target_ids = [_argmax(row) for row in rows[: len(draft_ids)]] + [NO_TOKEN if bonus is None else bonus]
-    verdict = verify_greedy(draft_ids, np.asarray(target_ids, dtype=np.int64))
-    return verdict.num_accepted, None if verdict.next_token == NO_TOKEN else verdict.next_token
-
-
-NO_TOKEN = -1  # stands for a bonus vLLM did not return
-
-
-def _through_eos(token_ids: list[int], eos_ids) -> list[int]:
-    """Tokens up to and including the first end token."""
-    end = next((i for i, token in enumerate(token_ids) if token in eos_ids), None)
-    return list(token_ids) if end is None else list(token_ids[: end + 1])
-
-
-def _argmax(row: dict) -> int:
-    """The greedy token of a prompt-logprobs row {token: Logprob}: rank 1, lowest id on ties."""
-    return min(token for token, logprob in row.items() if logprob.rank == 1)

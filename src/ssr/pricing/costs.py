@@ -317,6 +317,13 @@ class CostModel:
     score_drift: float = 1.0  # observed / table for score passes, smoothed
     learns: bool = True  # False: the costs as given, no call observed (vLLM's drafter times no pass)
 
+    def at_batch(self, batch: int) -> CostModel:
+        """These costs as one request sees them among `batch` decoded together (CostTable.at_batch);
+        without a table, as they are (nothing measured says how a batch shares a pass)."""
+        if self.table is None or batch <= 1:
+            return self
+        return replace(self, table=self.table.at_batch(batch))
+
     def observe_step(self, seconds: float) -> None:
         if not self.learns:
             return

@@ -41,6 +41,10 @@ UNSUPPORTED = {
     "echo": ("echo is not supported", lambda v: v in (None, False)),
     "best_of": ("best_of must be 1", lambda v: v in (None, 1)),
     "suffix": ("suffix (insertion) is not supported", lambda v: v in (None, "")),
+    # vLLM's own field counts the prompt's tokens after the start marker too: not ssr's budget
+    "thinking_token_budget": ("thinking_token_budget (vLLM's) is not read: send ssr.thinking_budget, the CoT "
+                              "tokens the model may write (on --engine vllm ssr hands it to vLLM's own budget), or "
+                              "reasoning_effort", lambda v: v in (None, -1)),
 }
 SSR_OPTIONS = {"mode": str, "thinking_budget": int, "max_answer_tokens": int, "draft_at": int, "draft_tokens": int,
                "verify": str, "verify_chunk": int, "template": str, "draft_interval": int, "policy": str}

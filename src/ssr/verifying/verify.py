@@ -184,3 +184,31 @@ def verify_sampled_rows(
     target[len(draft_ids), index[bonus_token]] = 1.0  # the target sampled it itself
     verdict = verify_sampled(np.array([index[t] for t in draft_ids], dtype=np.int64), draft, target, rng, approx)
     return Verdict(verdict.num_accepted, local[verdict.next_token], verdict.recovered)
+
+
+def verify_greedy_rows(draft_ids: list[int], rows: list[dict], bonus: int | None) -> tuple[int, int | None]:
+    """`verify_greedy` on vLLM's logprob rows ({token: Logprob}, one per draft position): (tokens
+    accepted while each is its row's argmax, the argmax at the first mismatch or `bonus`, the
+    target's own token after a fully accepted draft; None where vLLM returned no bonus)."""
+    target_ids = [_row_argmax(row) for row in rows[: len(draft_ids)]] + [NO_TOKEN if bonus is None else bonus]
+    verdict = verify_greedy(draft_ids, np.asarray(target_ids, dtype=np.int64))
+    return verdict.num_accepted, None if verdict.next_token == NO_TOKEN else verdict.next_token
+
+
+NO_TOKEN = -1  # stands for a bonus vLLM did not return
+
+
+def _row_argmax(row: dict) -> int:
+    """The greedy token of a logprob row {token: Logprob}: rank 1, lowest id on ties."""
+    return min(token for token, logprob in row.items() if logprob.rank == 1)
+
+
+def exact_row_size(sampling, max_logprobs: int) -> int | None:
+    """Tokens per vLLM logprob row that make sampled verification on rows exact: the row must hold
+    every token the sampler may pick. top_k where vLLM may return that many, -1 (whole
+    vocabularies) where it returns all (max_logprobs -1), else None (it cannot be exact)."""
+    if sampling.greedy:
+        return 1
+    if sampling.top_k > 0 and (max_logprobs == -1 or sampling.top_k <= max_logprobs):
+        return sampling.top_k
+    return -1 if max_logprobs == -1 else None
