@@ -302,3 +302,32 @@ def test_host_time_per_pass_stays_bounded(mode, bound_ms):
     row = replay_trace(tokens, mode, GPU, "cold")
     assert row["identical"] and row["host"]["passes"] > 300
     assert 1e3 * row["host"]["s"] / row["host"]["passes"] < bound_ms
+
+
+def test_token_id_records_replay_as_they_are_all_answer(tmp_path):
+    """A benchmark's records of token ids (any vocabulary, no text, no tokenizer): the output is
+    all answer, replayed token for token in every mode; copies of the prompt are taken."""
+    rng = random.Random(0)
+    prompt = [rng.randrange(128_000) for _ in range(40)]
+    output = prompt[5:25] + [rng.randrange(128_000) for _ in range(10)] + prompt[10:30] + [7]
+    path = tmp_path / "bench-8b-gsm8k.jsonl.gz"
+    with gzip.open(path, "wt", encoding="utf-8") as out:
+        for number in range(2):
+            out.write(json.dumps({"id": f"r{number}", "prompt_token_ids": prompt, "generated_token_ids": output,
+                                  "acc_ngram": {"acc_len": [1] * len(output)}}) + "\n")
+    traces = load_traces([path])
+    assert [t.item for t in traces] == ["r0", "r1"] and traces[0].group == "bench-8b-gsm8k / unknown"
+    tokens = [tokenize_trace(t, vocab=None) for t in traces]
+    assert tokens[0].prompt_ids == prompt and tokens[0].cot_ids == [] and tokens[0].answer_ids == output
+    rows = replay_all(tokens, TRACE_MODES, [GPU], ["cold"])
+    assert all(row["identical"] and row["answer_ids"] == output and row["metrics"]["cot_tokens"] == 0 for row in rows)
+    by = {(row["mode"], row["item"]): row["metrics"] for row in rows}
+    assert by[("ssr", "r0")]["total_s"] < 0.8 * by[("ar", "r0")]["total_s"]  # the prompt's copies
+
+
+@pytest.mark.parametrize("ids", [[], [1, -2], "1 2", [1.5]])
+def test_token_ids_that_are_not_ids_are_refused_by_line(tmp_path, ids):
+    path = tmp_path / "ids.jsonl"
+    path.write_text(json.dumps({"prompt_token_ids": [1, 2], "generated_token_ids": ids}) + "\n")
+    with pytest.raises(ConfigError, match="ids.jsonl:1: not a trace .*token ids"):
+        list(read_traces(path))

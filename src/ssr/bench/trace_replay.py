@@ -95,6 +95,8 @@ def replay_trace(tokens: TokenTrace, mode: str, setting: CostSetting, order: str
     model = RowModel(prompt_ids=tokens.prompt_ids, cot_ids=tokens.cot_ids, answer_ids=tokens.answer_ids,
                      forced_end_ids=end, answer_prefix_ids=[], draft_ids=[], draft_forked_at=None)
     config = mode_config(mode)
+    if not tokens.cot_ids:  # an output with no CoT (a model that does not reason): all answer
+        config = replace(config, thinking_budget=0, draft_at=0)
     if candidates == "chain" and mode not in REPLAY_PEERS:  # ssr's drafter's longest chain (the oracles' too)
         config = replace(config, suffix=replace(config.suffix, max_span=DEFAULT_TOKENS))
     proposer = OracleProposer(tokens.prompt_ids, tokens.cot_ids + tokens.answer_ids,

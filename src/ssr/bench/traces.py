@@ -12,7 +12,10 @@ One trace a line, in any of these shapes:
   --log-requests`; requests that did not finish — cancelled, timed out — are skipped);
 - an agent conversation: {"messages": [...], "model", "task_id"} with assistant turns (their
   `reasoning`, `content` and `tool_calls`) and tool results: every assistant turn is a trace
-  whose prompt is the conversation before it (bench/conversations.py renders it).
+  whose prompt is the conversation before it (bench/conversations.py renders it);
+- token ids: {"prompt_token_ids", "generated_token_ids", "id"?, "model"?} (a benchmark's greedy
+  outputs in the model's own vocabulary, its chat template applied): replayed as they are, no
+  tokenizer; a model that does not reason: the output is all answer.
 
 Prompts are rendered as ChatML (the Qwen family's format: `<|im_start|>role ... <|im_end|>`,
 the assistant turn opened with `<think>`); the CoT ends with one end-of-thinking token (as
@@ -45,6 +48,8 @@ class TextTrace:
     turn: int = 0  # its turn in an agent conversation, from 1 (0: a single request)
     parts: tuple[tuple[str, str], ...] = ()  # the answer as (part, text): content, call, arguments
     tools: bool = False  # tools were offered (an agent's conversation, a request with `tools`): calls may follow
+    # recorded as token ids, no text (any model's vocabulary): (prompt, output); the output is all answer
+    token_ids: tuple[tuple[int, ...], tuple[int, ...]] | None = None
 
     @property
     def group(self) -> str:
@@ -130,6 +135,10 @@ def parse_trace(data: dict, set_name: str) -> TextTrace | None:
         return TextTrace(set_name, _short(model), item, render_messages(request["messages"]), cot,
                          "".join(text for _, text in parts), parts=parts if message.get("tool_calls") else (),
                          tools=offers_tools(request["messages"], request.get("tools"), request.get("tool_choice")))
+    if "prompt_token_ids" in data and "generated_token_ids" in data:  # token ids, no text
+        item = str(data.get("id", ""))
+        return TextTrace(set_name, _short(data.get("model") or "unknown"), item, (), "", "", item,
+                         token_ids=(_ids(data["prompt_token_ids"]), _ids(data["generated_token_ids"])))
     if "messages" in data:  # a served request's log line
         if data.get("finish", "stop") not in ("stop", "length", "tool_calls"):
             return None
@@ -147,6 +156,12 @@ def _short(model: str) -> str:
     return str(model).split(" (")[0].strip() or "unknown"
 
 
+def _ids(value) -> tuple[int, ...]:
+    if not isinstance(value, list) or not value or not all(isinstance(t, int) and t >= 0 for t in value):
+        raise ValueError("token ids must be a non-empty list of integers >= 0")
+    return tuple(value)
+
+
 def _text(value) -> str:
     if not isinstance(value, str):
         raise ValueError(f"expected text, got {type(value).__name__}")
@@ -154,7 +169,11 @@ def _text(value) -> str:
 
 
 def tokenize_trace(trace: TextTrace, vocab) -> TokenTrace:
-    """Token ids of a trace: ChatML prompt, CoT + one end-of-thinking token, answer."""
+    """Token ids of a trace: ChatML prompt, CoT + one end-of-thinking token, answer (a trace
+    recorded as token ids: its own, no CoT)."""
+    if trace.token_ids is not None:
+        prompt_ids, output_ids = trace.token_ids
+        return TokenTrace(trace, list(prompt_ids), [], list(output_ids))
     prompt: list[int] = []
     for role, content in trace.messages:
         prompt += vocab.tokenize(f"<|im_start|>{role}\n", special=True) + vocab.tokenize(content)
