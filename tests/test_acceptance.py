@@ -1,0 +1,20 @@
+"""bench/acceptance.py: ssr's prompt lookup replayed against recorded per-position acceptance
+(hand-built records: acc_len by vLLM's V1 n-gram rule, worked out by hand)."""
+from ssr.bench.acceptance import fidelity, replayed_acc_len
+
+
+def test_acceptance_per_position_by_the_longest_earliest_ngram():
+    # prompt 1 2 3 4 5 9; the output repeats 2 3 4 5 after "1 2 3"? It writes 1 2 3, then the
+    # trigram "1 2 3" occurred at the prompt's start: 4 5 9 proposed, 4 5 written, then 7
+    prompt, output = [1, 2, 3, 4, 5, 9], [1, 2, 3, 4, 5, 7, 8]
+    # position 1: context ...9 1 -> no n >= 3 match (acc 1); 2: "9 1 2" no; 3: "1 2 3" earliest at 0
+    # -> proposes 4 5 9 ..., output 4 5 7: 2 accepted (acc 3); 4: "2 3 4" -> 5 9 .. vs 5 7: acc 2;
+    # 5: "3 4 5" -> 9 ... vs 7: acc 1; 6: "4 5 7" new: acc 1
+    assert replayed_acc_len(prompt, output, 3, 7, 20) == [1, 1, 3, 2, 1, 1]
+
+
+def test_fidelity_counts_the_positions_that_agree_and_names_the_others():
+    record = {"id": "r", "prompt_token_ids": [1, 2, 3, 4, 5, 9], "generated_token_ids": [1, 2, 3, 4, 5, 7, 8],
+              "acc_ngram": {"acc_len": [9, 1, 1, 3, 2, 1, 4]}}  # position 0 is the prefill's; 6 disagrees
+    result = fidelity([record])
+    assert (result.agree, result.total) == (5, 6) and result.misses == [("r", 6, 1, 4, 1)]
