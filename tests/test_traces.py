@@ -290,6 +290,22 @@ def test_gpu_preset_with_a_step():
         load_costs("gpu:fast")
 
 
+@pytest.mark.parametrize("sequences, tokens, kv, seconds", [
+    # SpecDecode-Bench's fit (predictor.py Llama8BH100): 3.92645679e-08 kv + 2.10103129e-05 tokens
+    # + 5.88590713e-03, plus 1.20683946e-03 a step: their formula evaluated
+    (1, 1, 0, 0.0071137569),  # a step alone, nothing cached
+    (1, 1, 2000, 0.0071922860),  # its KV read once
+    (16, 1, 1000, 0.0080571447),  # 16 sequences with 1,000 cached tokens each: 16,000 KV tokens
+    (1, 129, 1000, 0.0098423415),  # a pass of 129 tokens over 1,000 cached: the KV read once, not per token
+])
+def test_the_measured_h100_table_prices_passes_as_its_fit(sequences, tokens, kv, seconds):
+    from ssr.pricing.costs import load_costs
+
+    table = load_costs("specdecode-h100")
+    priced = table.step(sequences, kv) if tokens == 1 else table.score(tokens, kv)
+    assert priced == pytest.approx(seconds, rel=1e-4) and table.prefill_off_host
+
+
 @pytest.mark.parametrize("mode, bound_ms", [("ssr", 5.0), ("suffix", 2.0), ("pld", 2.0), ("ar", 1.0)])
 def test_host_time_per_pass_stays_bounded(mode, bound_ms):
     """Regression guard on the loop's own cost, not a timing of its speed: the host time per

@@ -269,7 +269,7 @@ def _trace_options(args: argparse.Namespace) -> tuple[list[str], list[str], obje
                             load_costs(spec).at_batch(args.batch), args.batch)
                 for spec in (s.strip() for s in args.cost_model.split(",")) if spec]
     if not settings:
-        raise ConfigError("--cost-model: give 'gpu' or calibrate JSON files")
+        raise ConfigError("--cost-model: give 'gpu', 'specdecode-h100' or calibrate JSON files")
     if args.tasks is not None and args.tasks < 1:
         raise ConfigError("--tasks must be >= 1")
     return modes, orders, host, settings

@@ -17,7 +17,8 @@ def _add_simulate(commands) -> None:
     sim = commands.add_parser("simulate", help="replay bench traces under a cost model; projected ratios to ar")
     sim.add_argument("--traces", nargs="+", required=True, help="bench folders or JSONL files")
     sim.add_argument("--cost-model", default="gpu",
-                     help="a JSON from ssr calibrate, the preset 'gpu', or gpu:MS (the preset with an MS-millisecond step)")
+                     help="a JSON from ssr calibrate, the preset 'gpu', gpu:MS (the preset with an MS-millisecond step) "
+                          "or specdecode-h100 (Llama-3.1-8B on an H100, measured: docs/costs.md)")
     sim.add_argument("--spans", default="policy", choices=("policy", "recorded"),
                      help="policy: re-decide spans under the cost model (projection); recorded: the run's own "
                           "spans (checks the cost model against measured seconds)")
@@ -65,8 +66,9 @@ def _add_traces(commands) -> None:
                         help="cold (each trace alone) and/or deployment (file order, earlier responses "
                              "cached, the last request's KV kept)")
     traces.add_argument("--cost-model", default="gpu",
-                        help="comma-separated: the preset 'gpu', gpu:MS (its step MS milliseconds) and/or JSON files "
-                             "from ssr calibrate (default gpu)")
+                        help="comma-separated: the preset 'gpu', gpu:MS (its step MS milliseconds), specdecode-h100 "
+                             "(Llama-3.1-8B on an H100, measured: docs/costs.md) and/or JSON files from ssr calibrate "
+                             "(default gpu)")
     traces.add_argument("--tokenizer", default=DEFAULT_MODEL,
                         help=f"registry model or .gguf (its vocabulary), a tokenizer.json or a folder with one "
                              f"(default {DEFAULT_MODEL}: Qwen2's BPE, shared by Qwen3, QwQ and R1-Distill-Qwen)")

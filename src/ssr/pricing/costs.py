@@ -9,7 +9,7 @@ dearer the more tokens are cached, linearly; calibrate measures that at a second
 context and keeps the slopes:
 
     step(n, c)  = step_s[n]  + n * step_context_s  * (c - context_tokens)
-    score(k, c) = score_s[k] + k * score_context_s * (c - context_tokens)
+    score(k, c) = score_s[k] + (k * score_context_s + pass_context_s) * (c - context_tokens)
     prefill(n)  = n * (prefill_token_s + prefill_context_s * (n - context_tokens) / 2)
 
 Below context_tokens a cost keeps at least MIN_CONTEXT_SHARE of the measured one (a slope
@@ -46,6 +46,7 @@ class CostTable:
     context_tokens: int = 0  # tokens cached when step_s / score_s were measured
     step_context_s: float = 0.0  # per sequence in a step, per cached token beyond context_tokens
     score_context_s: float = 0.0  # per scored token, per cached token beyond context_tokens
+    pass_context_s: float = 0.0  # per score pass, per cached token beyond context_tokens (the KV read once)
     prefill_context_s: float = 0.0  # per prompt token, per token before it (see the module docstring)
 
     def step(self, num_sequences: int, context: int | None = None) -> float:
@@ -53,7 +54,8 @@ class CostTable:
         return _floored(_interpolate(self.step_s, num_sequences), extra)
 
     def score(self, num_tokens: int, context: int | None = None) -> float:
-        extra = 0 if context is None else num_tokens * self.score_context_s * (context - self.context_tokens)
+        extra = 0 if context is None else \
+            (num_tokens * self.score_context_s + self.pass_context_s) * (context - self.context_tokens)
         return _floored(_interpolate({1: self.step_s[1], **self.score_s}, num_tokens), extra)
 
     def prefill(self, num_tokens: int, cached: int = 0) -> float:
@@ -86,7 +88,7 @@ class CostTable:
     def from_dict(cls, data: dict) -> CostTable:
         try:
             slopes = {name: float(data.get(name, 0.0))
-                      for name in ("step_context_s", "score_context_s", "prefill_context_s")}
+                      for name in ("step_context_s", "score_context_s", "pass_context_s", "prefill_context_s")}
             return cls(step_s={int(k): float(v) for k, v in data["step_s"].items()},
                        score_s={int(k): float(v) for k, v in data["score_s"].items()},
                        prefill_token_s=float(data["prefill_token_s"]),
@@ -142,11 +144,27 @@ def gpu_preset(step: float = 0.015) -> CostTable:
 GPU_PRESET_SOURCE = "gpu preset"  # how gpu_preset's tables' source begins
 
 
+def specdecode_h100() -> CostTable:
+    """Llama-3.1-8B on one H100 with vLLM, as measured and fitted by SpecDecode-Bench (its
+    simulator's predictor.py, class Llama8BH100, fitted on InstructCoder at batch 1-64): a pass
+    costs 3.92645679e-08 s a KV token + 2.10103129e-05 s a token in it + 5.88590713e-03 s, plus
+    1.20683946e-03 s of overhead a step. Tables at the sizes ssr prices (the fit is linear)."""
+    fixed, per_token, per_kv = 5.88590713e-03 + 1.20683946e-03, 2.10103129e-05, 3.92645679e-08
+    return CostTable(step_s={n: fixed + per_token * n for n in (*STEP_SIZES, *BATCH_SCORE_SIZES)},
+                     score_s={k: fixed + per_token * k for k in (*SCORE_SIZES, *BATCH_SCORE_SIZES)},
+                     prefill_token_s=per_token, step_context_s=per_kv, pass_context_s=per_kv,
+                     source="measured on an H100: SpecDecode-Bench's fit of Llama-3.1-8B on vLLM 0.10.1.1 "
+                            "(their simulator's predictor.py, Llama8BH100)",
+                     meta={"device": "cuda", "model": "Llama-3.1-8B-Instruct"})
+
+
 def load_costs(spec: str) -> CostTable:
-    """A JSON file from `ssr calibrate`, the preset `gpu`, or `gpu:MS` (the preset with a step of
-    MS milliseconds: host time, which is absolute, then weighs as on that GPU)."""
+    """A JSON file from `ssr calibrate`, the preset `gpu`, `gpu:MS` (the preset with a step of MS
+    milliseconds: host time, which is absolute, then weighs as on that GPU) or `specdecode-h100`."""
     if spec == "gpu":
         return gpu_preset()
+    if spec == "specdecode-h100":
+        return specdecode_h100()
     if spec.startswith("gpu:"):
         try:
             step_ms = float(spec[4:])
