@@ -2,8 +2,8 @@
 an engine started with a ReasoningConfig): the request counts its thinking tokens, forces the
 end marker when they reach the budget, and goes on into its answer, one request as a vLLM user
 gets it. vLLM counts from the model's start marker, prompt tokens after it included
-(vllm/v1/sample/thinking_budget_state.py, `_init_state_entry`); ssr's budget counts the CoT the
-request writes, so `vllm_budget` adds the prompt's tokens after the marker."""
+(vllm/v1/sample/thinking_budget_state.py, `_init_state_entry`, alike in 0.32.0 and 0.33.0); ssr's
+budget counts the CoT the request writes, so `vllm_budget` adds the prompt's tokens after the marker."""
 from __future__ import annotations
 
 from collections.abc import Sequence
