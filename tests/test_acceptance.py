@@ -18,3 +18,15 @@ def test_fidelity_counts_the_positions_that_agree_and_names_the_others():
               "acc_ngram": {"acc_len": [9, 1, 1, 3, 2, 1, 4]}}  # position 0 is the prefill's; 6 disagrees
     result = fidelity([record])
     assert (result.agree, result.total) == (5, 6) and result.misses == [("r", 6, 1, 4, 1)]
+
+
+def test_steps_at_k_start_where_the_last_one_ended():
+    from ssr.bench.acceptance import step_fidelity
+
+    record = {"id": "r", "prompt_token_ids": [1, 2, 3, 4, 5, 9], "generated_token_ids": [1, 2, 3, 4, 5, 7, 8],
+              "acc_ngram": {"acc_len": [9, 1, 1, 3, 2, 1, 4]}}
+    # k = 1: steps at 1, 2, 3 (accepts 1: 4), 5, 6 -> five steps; 6 records 3 accepted (4 - 1, cut to 1)
+    result = step_fidelity([record], k=1)
+    assert (result.agree, result.total) == (4, 5) and result.misses == [("r", 6, 1, 2, 1)]
+    # k = 3: steps at 1, 2, 3 (accepts 2: 4 5), 6 -> four steps, the last one a miss
+    assert (step_fidelity([record], k=3).agree, step_fidelity([record], k=3).total) == (3, 4)

@@ -7,7 +7,10 @@ n-gram in [min, max] ending the context that occurred before, its earliest occur
 after it) is replayed over the same prompt and output and must reach the same count at each
 position. Position 0 is the prefill's token (no step starts before it).
 
-    python -m ssr.bench.acceptance FILE... [--min 3 --max 7 --tokens 20]
+Per step: the steps vLLM takes with k draft tokens, walked over the output, each step's accepted
+tokens against the record's min(acc_len - 1, k) where it starts.
+
+    python -m ssr.bench.acceptance FILE... [--min 3 --max 7 --tokens 20 --k 3,5]
 """
 from __future__ import annotations
 
@@ -62,6 +65,26 @@ def fidelity(records: Iterable[dict], min_ngram: int = 3, max_ngram: int = 7, to
     return result
 
 
+def step_fidelity(records: Iterable[dict], k: int, min_ngram: int = 3, max_ngram: int = 7) -> Fidelity:
+    """The steps vLLM takes with k draft tokens, walked over each output as greedy verification
+    takes them (a step at position i accepts what matches, up to k, then the bonus), the replayed
+    proposer's accepted tokens held against the record's min(acc_len[i] - 1, k) at each step."""
+    result = Fidelity()
+    for record in records:
+        output, recorded = record["generated_token_ids"], record["acc_ngram"]["acc_len"]
+        found = replayed_acc_len(record["prompt_token_ids"], output, min_ngram, max_ngram, k)
+        position = 1  # the prefill wrote position 0
+        while position < len(output):
+            mine, theirs = min(found[position - 1] - 1, k), min(recorded[position] - 1, k)
+            result.total += 1
+            if mine == theirs:
+                result.agree += 1
+            else:
+                result.misses.append((str(record.get("id", "")), position, mine + 1, theirs + 1, len(output) - position))
+            position += mine + 1
+    return result
+
+
 def _records(path: Path) -> Iterable[dict]:
     opener = gzip.open if path.suffix == ".gz" else open
     with opener(path, "rt", encoding="utf-8") as lines:
@@ -77,16 +100,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--min", type=int, default=3, dest="min_ngram", help="prompt_lookup_min (default 3)")
     parser.add_argument("--max", type=int, default=7, dest="max_ngram", help="prompt_lookup_max (default 7)")
     parser.add_argument("--tokens", type=int, default=20, help="tokens proposed (default 20)")
+    parser.add_argument("--k", default="3,5", help="draft tokens a step, comma-separated, for the steps' count (3,5)")
     args = parser.parse_args(argv)
+    ks = [int(k) for k in args.k.split(",") if k.strip()]
     for name in args.files:
         path = Path(name)
         if not path.is_file():
             raise SystemExit(f"no such file: {path}")
-        result = fidelity(_records(path), args.min_ngram, args.max_ngram, args.tokens)
-        near_end = sum(1 for miss in result.misses if miss[4] <= args.tokens)
-        print(f"{path.name}: {result.agree}/{result.total} positions agree ({result.agree / max(1, result.total):.4%}); "
-              f"{len(result.misses)} do not, {near_end} of them within {args.tokens} tokens of the output's end"
-              + (f"; first: {result.misses[:3]}" if result.misses else ""))
+        results = [("positions", args.tokens, fidelity(_records(path), args.min_ngram, args.max_ngram, args.tokens))]
+        results += [(f"steps at k = {k}", k, step_fidelity(_records(path), k, args.min_ngram, args.max_ngram))
+                    for k in ks]
+        for what, reach, result in results:
+            near_end = sum(1 for miss in result.misses if miss[4] <= reach)
+            print(f"{path.name}: {what}: {result.agree}/{result.total} agree ({result.agree / max(1, result.total):.4%}); "
+                  f"{len(result.misses)} do not, {near_end} of them within {reach} tokens of the output's end"
+                  + (f"; first: {result.misses[:2]}" if result.misses else ""))
     return 0
 
 
