@@ -249,6 +249,35 @@ def test_cli_replays_a_log_and_refuses_bad_flags_before_reading(tmp_path, capsys
     assert main(["traces", str(path), "--host-time", "-3"]) == 2
     assert main(["traces", str(tmp_path / "missing.jsonl")]) == 2
     assert "no such traces file" in capsys.readouterr().err
+    assert main(["traces", str(tmp_path / "missing.jsonl"), "--ngram", "7,3,3"]) == 2
+    assert "--ngram: give MIN,MAX,K" in capsys.readouterr().err
+
+
+def test_the_ngram_peer_at_given_settings_accepts_what_vllms_steps_would(tmp_path):
+    """`--ngram 3,7,3` (SpecDecode-Bench's vLLM runs): the replayed `ngram-v1` peer's passes accept,
+    step for step, what vLLM's steps at k = 3 accept over the same output (bench/acceptance.py's
+    walk, which holds the recorded acceptance); vLLM's docs' example (n = 4, k = 5) takes others."""
+    from ssr.bench.acceptance import replayed_acc_len
+    from ssr.proposing.lookup import NgramSettings
+
+    rng = random.Random(1)
+    prompt = [rng.randrange(1000) for _ in range(60)]
+    output = prompt[3:20] + [rng.randrange(1000) for _ in range(8)] + prompt[30:45] + prompt[3:12] + [5]
+    path = tmp_path / "ids.jsonl"
+    path.write_text(json.dumps({"id": "a", "prompt_token_ids": prompt, "generated_token_ids": output}) + "\n")
+    tokens = [tokenize_trace(t, None) for t in load_traces([path])]
+    settings = NgramSettings.parse("3,7,3")
+    (row,) = replay_all(tokens, ["ngram-v1"], [GPU], ["cold"], ngram=settings)
+    accepted = {event["at"]: event["accepted"] for event in row["trace"] if event["kind"] == "span" and event["accepted"]}
+    found, position, expected = replayed_acc_len(prompt, output, 3, 7, 3), 1, {}
+    while position < len(output):  # vLLM's steps at k = 3 from the prefill's token on
+        taken = found[position - 1] - 1
+        if taken:
+            expected[position] = taken
+        position += taken + 1
+    assert row["identical"] and accepted == expected and max(accepted.values()) == 3
+    (docs,) = replay_all(tokens, ["ngram-v1"], [GPU], ["cold"])
+    assert {e["at"]: e["accepted"] for e in docs["trace"] if e["kind"] == "span" and e["accepted"]} != expected
 
 
 @pytest.mark.slow

@@ -224,14 +224,17 @@ def cmd_traces(args: argparse.Namespace) -> int:
 
     from ..engines.vocab import load_vocab
     from .trace_replay import replay_all
+    from ..proposing.lookup import NgramSettings
     from .traces import load_traces, tokenize_trace
 
     modes, orders, host, settings = _trace_options(args)
+    ngram = NgramSettings.parse(args.ngram) if args.ngram else None
     traces = load_traces([Path(f) for f in args.files], args.limit, args.groups, args.tasks)
     vocab = load_vocab(args.tokenizer)
     tokens = [tokenize_trace(t, vocab) for t in tqdm(traces, unit="trace", desc="tokenizing", dynamic_ncols=True,
                                                       disable=not sys.stderr.isatty())]
-    rows = replay_all(tokens, modes, settings, orders, host, progress=sys.stderr.isatty(), candidates=args.candidates)
+    rows = replay_all(tokens, modes, settings, orders, host, progress=sys.stderr.isatty(), candidates=args.candidates,
+                      ngram=ngram)
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     with open(out_dir / "rows.jsonl", "w", encoding="utf-8") as out:
@@ -240,7 +243,8 @@ def cmd_traces(args: argparse.Namespace) -> int:
     _print_trace_tables(rows, args)
     note = (f"`ssr traces` on {', '.join(args.files)}: {len(traces)} traces, tokenizer {vocab.name}, costs "
             f"{', '.join(s.name for s in settings)}, host time {args.host}, several candidates verified as "
-            f"{ {'tree': 'one token tree', 'forks': 'forks', 'chain': 'one chain (one candidate a pass)'}[args.candidates]}.")
+            f"{ {'tree': 'one token tree', 'forks': 'forks', 'chain': 'one chain (one candidate a pass)'}[args.candidates]}"
+            + (f"; ngram-v1 at {args.ngram} (min, max, k)" if ngram else "") + ".")
     path = write_report(rows, out_dir, note)
     print(f"\nrows: {out_dir / 'rows.jsonl'}; report: {path}", file=sys.stderr)
     return 0

@@ -81,6 +81,9 @@ def _add_traces(commands) -> None:
                         help="the loop's host time on the modelled clock: off (measured beside it, default), "
                              "measured, or milliseconds per pass")
     traces.add_argument("--host", dest="renamed_host", action=Renamed, now=HOST_TIME)
+    traces.add_argument("--ngram", default=None, metavar="MIN,MAX,K",
+                        help="the ngram-v1 peer's prompt_lookup_min, prompt_lookup_max and num_speculative_tokens "
+                             "(default vLLM's docs' example: 4,4,5; SpecDecode-Bench ran 3,7,3 and 3,7,5)")
     traces.add_argument("--candidates", choices=("tree", "forks", "chain"), default="tree",
                         help="how the replayed engine verifies several candidate spans a pass: tree (one token tree, "
                              "tree attention: a pass costs its nodes; default), forks (each on its own fork, a pass "

@@ -41,6 +41,7 @@ from ..pricing.costs import CostModel, CostTable
 from ..loop import Generation
 from ..pricing.drafting import Plan, PolicyStats
 from ..proposing.history import ResponseHistory
+from ..proposing.lookup import NgramSettings, vllm_ngram
 from .oracle import ORACLES, OracleProposer
 from .peers import REPLAY_PEERS
 from .replay import REPLAY_FORMAT, ChainReplayEngine, KeptKV, ReplayEngine, RowModel, TreeReplayEngine
@@ -81,7 +82,8 @@ CANDIDATES = ("tree", "forks", "chain")  # how the replayed engine verifies seve
 
 def replay_trace(tokens: TokenTrace, mode: str, setting: CostSetting, order: str,
                  history: ResponseHistory | None = None, stats: PolicyStats | None = None,
-                 host: str | float | None = None, candidates: str = "tree", kept: KeptKV | None = None) -> dict:
+                 host: str | float | None = None, candidates: str = "tree", kept: KeptKV | None = None,
+                 ngram: NgramSettings | None = None) -> dict:
     """One trace in one mode -> a bench-shaped row (metrics on the modelled clock, the loop's
     host time measured apart under "host", identity to the trace). candidates: "tree" (an
     engine with tree attention: several candidates as one token tree, a pass priced by its
@@ -89,7 +91,8 @@ def replay_trace(tokens: TokenTrace, mode: str, setting: CostSetting, order: str
     ssr's llama.cpp and transformers adapters verify them) or "chain" (one candidate a pass, as
     vLLM verifies one draft chain per request per step: ssr's drafter there). kept: the KV the
     deployment's server holds from its last request (prefix caching; None: a cold server); it
-    holds this request's prompt and output afterwards."""
+    holds this request's prompt and output afterwards. ngram: the `ngram-v1` peer's settings
+    (None: vLLM's docs' example)."""
     trace = tokens.trace
     end = tokens.cot_ids[-1:]  # the end-of-thinking token, forced where a CoT would not end
     model = RowModel(prompt_ids=tokens.prompt_ids, cot_ids=tokens.cot_ids, answer_ids=tokens.answer_ids,
@@ -102,7 +105,8 @@ def replay_trace(tokens: TokenTrace, mode: str, setting: CostSetting, order: str
     proposer = OracleProposer(tokens.prompt_ids, tokens.cot_ids + tokens.answer_ids,
                               history.responses if history is not None else (), config.suffix.max_span, ORACLES[mode],
                               len(tokens.cot_ids)) \
-        if mode in ORACLES else REPLAY_PEERS[mode](tokens.prompt_ids, history) if mode in REPLAY_PEERS else None
+        if mode in ORACLES else REPLAY_PEERS[mode](tokens.prompt_ids, history) if mode in REPLAY_PEERS else \
+        vllm_ngram(tokens.prompt_ids, ngram) if mode == "ngram-v1" and ngram is not None else None
     tree = candidates == "tree" or (proposer is not None and proposer.shape.tree)  # a peer's engine verifies its tree
     engine_class = TreeReplayEngine if tree else ChainReplayEngine if candidates == "chain" else ReplayEngine
     engine = engine_class(model, setting.costs, host=host, max_sequences=1 if candidates == "chain" else SEQUENCES,
@@ -128,7 +132,7 @@ def replay_trace(tokens: TokenTrace, mode: str, setting: CostSetting, order: str
 
 def replay_all(traces: Sequence[TokenTrace], modes: Sequence[str], settings: Sequence[CostSetting],
                orders: Sequence[str] = ORDERS, host: str | float | None = None, progress: bool = False,
-               candidates: str = "tree") -> list[dict]:
+               candidates: str = "tree", ngram: NgramSettings | None = None) -> list[dict]:
     """Every trace in every mode, order and cost setting. Deployment order keeps one response
     history, one set of learnt span statistics and one server's kept KV (prefix caching) per
     (group, mode, setting), in file order."""
@@ -147,7 +151,7 @@ def replay_all(traces: Sequence[TokenTrace], modes: Sequence[str], settings: Seq
         deployed = order == "deployment"
         rows.append(replay_trace(tokens, mode, setting, order, histories[key] if deployed else None,
                                  learnt[key] if deployed else PolicyStats(), host, candidates,
-                                 kept[key] if deployed else None))
+                                 kept[key] if deployed else None, ngram))
     return rows
 
 

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 from bisect import bisect_right
 from collections.abc import Sequence
+from dataclasses import dataclass
+
+from ..config import ConfigError
 
 from .proposers import OneSource
 from .source import FREQUENT_BANDS, Source
@@ -335,13 +338,34 @@ class FrequentTokens:
             at -= 1
 
 
-def vllm_ngram(prompt: Sequence[int]) -> PromptLookupProposer:
-    """The `ngram` peer: vLLM's `ngram` method as vLLM's docs configure it,
-    {"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_max": 4}; prompt_lookup_min
-    left unset then equals prompt_lookup_max (vllm/config/speculative.py). Its proposer
+@dataclass(frozen=True)
+class NgramSettings:
+    """vLLM's `ngram` method's settings. The default is vLLM's docs' example,
+    {"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_max": 4}, prompt_lookup_min
+    left unset then equal to prompt_lookup_max (vllm/config/speculative.py)."""
+
+    min_ngram: int = 4  # prompt_lookup_min
+    max_ngram: int = 4  # prompt_lookup_max
+    tokens: int = 5  # num_speculative_tokens
+
+    @classmethod
+    def parse(cls, text: str) -> NgramSettings:
+        """"MIN,MAX,K" (e.g. 3,7,3: SpecDecode-Bench's vLLM runs)."""
+        try:
+            low, high, tokens = (int(part) for part in text.split(","))
+        except ValueError:
+            low = high = tokens = 0
+        if not 1 <= low <= high or tokens < 1:
+            raise ConfigError(f"--ngram: give MIN,MAX,K with 1 <= MIN <= MAX and K >= 1 (e.g. 3,7,3), got {text!r}")
+        return cls(low, high, tokens)
+
+
+def vllm_ngram(prompt: Sequence[int], settings: NgramSettings = NgramSettings()) -> PromptLookupProposer:
+    """The `ngram` peer: vLLM's `ngram` method (its docs' example unless told). Its proposer
     (vllm/v1/spec_decode/ngram_proposer.py) takes the longest n-gram in [min, max] ending the
     context (prompt + output) that occurred before, at its earliest occurrence, and proposes the
-    k tokens after it: prompt lookup with n = 4 exactly and 5 tokens."""
-    proposer = PromptLookupProposer(prompt, max_ngram=4, num_tokens=5, min_ngram=4)
+    k tokens after it: prompt lookup with n from max down to min and k tokens."""
+    proposer = PromptLookupProposer(prompt, max_ngram=settings.max_ngram, num_tokens=settings.tokens,
+                                    min_ngram=settings.min_ngram)
     proposer.source = Source("ngram")
     return proposer
