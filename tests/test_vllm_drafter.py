@@ -10,7 +10,8 @@ import pytest
 
 from ssr.pricing.costs import CostModel, gpu_preset
 from ssr.proposing.history import ResponseHistory
-from ssr.engines.vllm_drafter import ChainDrafter, SsrDrafter, replay_chains, thinking_at_start
+from ssr.engines.vllm_drafter import ChainDrafter, SsrDrafter, replay_chains
+from ssr.formats.markers import thinking_at_start
 from ssr.engines.vllm_plugin import DRAFTER, SsrConfigError, speculative_config
 
 PROMPT = [5, 6, 7, 8, 9, 10, 11, 12, 13, 14] * 3  # the text repeats: lookup and the suffix tree copy it

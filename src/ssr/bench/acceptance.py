@@ -15,13 +15,13 @@ tokens against the record's min(acc_len - 1, k) where it starts.
 from __future__ import annotations
 
 import argparse
-import gzip
-import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..proposing.lookup import PromptLookupProposer
+from ..verifying.verify import common_prefix
+from .traces import jsonl_records
 
 
 @dataclass
@@ -42,11 +42,7 @@ def replayed_acc_len(prompt: Sequence[int], output: Sequence[int], min_ngram: in
     found = []
     for position in range(1, len(output)):
         proposal, _ = proposer.propose(tokens)
-        accepted = 0
-        while accepted < len(proposal) and position + accepted < len(output) \
-                and proposal[accepted] == output[position + accepted]:
-            accepted += 1
-        found.append(1 + accepted)
+        found.append(1 + common_prefix(proposal, output[position:]))
         proposer.observe(list(output[position:position + 1]))
     return found
 
@@ -85,14 +81,6 @@ def step_fidelity(records: Iterable[dict], k: int, min_ngram: int = 3, max_ngram
     return result
 
 
-def _records(path: Path) -> Iterable[dict]:
-    opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt", encoding="utf-8") as lines:
-        for line in lines:
-            if line.strip():
-                yield json.loads(line)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m ssr.bench.acceptance",
                                      description="ssr's prompt lookup against recorded n-gram acceptance")
@@ -107,8 +95,8 @@ def main(argv: list[str] | None = None) -> int:
         path = Path(name)
         if not path.is_file():
             raise SystemExit(f"no such file: {path}")
-        results = [("positions", args.tokens, fidelity(_records(path), args.min_ngram, args.max_ngram, args.tokens))]
-        results += [(f"steps at k = {k}", k, step_fidelity(_records(path), k, args.min_ngram, args.max_ngram))
+        results = [("positions", args.tokens, fidelity(jsonl_records(path), args.min_ngram, args.max_ngram, args.tokens))]
+        results += [(f"steps at k = {k}", k, step_fidelity(jsonl_records(path), k, args.min_ngram, args.max_ngram))
                     for k in ks]
         for what, reach, result in results:
             near_end = sum(1 for miss in result.misses if miss[4] <= reach)

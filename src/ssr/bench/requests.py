@@ -123,24 +123,18 @@ def draft_designs(path: Path, batches: tuple[int, ...] = (1, 16, 64), chains: tu
     """Per batch and chain length, the designs priced on the GPU preset over a file of traces with
     drafts (the latest draft forked before the CoT ended, cut at draft_cap tokens as the walk cuts
     it), tokens counted with the default model's vocabulary."""
-    import gzip
-    import json
-
     from ..engines.vocab import load_vocab
     from ..models import DEFAULT_MODEL
+    from ..verifying.verify import common_prefix
+    from .traces import jsonl_records
 
     vocab, table, pairs = load_vocab(DEFAULT_MODEL), gpu_preset(), []
-    opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt", encoding="utf-8") as lines:
-        for line in lines:
-            record = json.loads(line)
-            forked = [d for d in record.get("drafts") or () if d["cot_chars"] < len(record["cot"])]
-            if not forked:
-                continue
-            draft = vocab.tokenize(max(forked, key=lambda d: d["cot_chars"])["answer"])[:draft_cap]
-            answer = vocab.tokenize(record["answer"])
-            accepted = next((i for i, (a, b) in enumerate(zip(draft, answer)) if a != b), min(len(draft), len(answer)))
-            pairs.append((accepted, len(draft)))
+    for record in jsonl_records(path):
+        forked = [d for d in record.get("drafts") or () if d["cot_chars"] < len(record["cot"])]
+        if not forked:
+            continue
+        draft = vocab.tokenize(max(forked, key=lambda d: d["cot_chars"])["answer"])[:draft_cap]
+        pairs.append((common_prefix(draft, vocab.tokenize(record["answer"])), len(draft)))
     if not pairs:
         raise SystemExit(f"{path}: no trace with a draft forked before its CoT ended")
     out = []

@@ -73,6 +73,15 @@ def set_name(path: Path) -> str:
     return name
 
 
+def jsonl_records(path: Path) -> Iterator[dict]:
+    """The JSON objects of a JSONL file, gzip or not (blank lines skipped)."""
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt", encoding="utf-8") as lines:
+        for line in lines:
+            if line.strip():
+                yield json.loads(line)
+
+
 def read_traces(path: Path) -> Iterator[TextTrace]:
     """The traces of one file, in its order (its deployment order); a line that is not a trace
     is an error naming the file and line."""

@@ -275,12 +275,11 @@ class _ThinkingBudget:
     the budget the end marker is forced, one token a step."""
 
     def __init__(self, markers, prompt_ids: list[int], budget: int | None) -> None:
-        from .vllm_budget import tokens_after
+        from ..formats.markers import thinking_at_start, tokens_after
 
         self.start, self.end = markers or ((), ())
-        after_start, after_end = tokens_after(prompt_ids, self.start), tokens_after(prompt_ids, self.end)
-        thinking = budget is not None and after_start is not None and (after_end is None or after_start < after_end)
-        self.count = after_start if thinking else None  # thinking tokens so far (None: not thinking, no budget)
+        thinking = budget is not None and thinking_at_start(prompt_ids, self.start, self.end)
+        self.count = tokens_after(prompt_ids, self.start) if thinking else None  # thinking tokens so far
         self.budget, self.recent, self.forcing = budget, [], []
 
     def next(self) -> int | None:

@@ -26,6 +26,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import asdict
 from pathlib import Path
 
+from ..formats.thinking import detect_format
 from .base import Capabilities, EngineError
 from .tokenizer import TokenizerText
 from .vllm_budget import budget_markers, reasoning_config
@@ -155,7 +156,8 @@ class VllmEngine:
             tokenizer = AutoTokenizer.from_pretrained(model)
         except Exception as error:  # noqa: BLE001 - transformers raises many kinds
             raise EngineError(f"vLLM could not load {model}'s tokenizer: {str(error).splitlines()[0]}") from error
-        self.budget_markers = budget_markers(tokenizer)  # (start, end) ids of vLLM's thinking budget, or None
+        own_format = detect_format(getattr(tokenizer, "chat_template", None))
+        self.budget_markers = budget_markers(tokenizer, own_format)  # (start, end) ids of vLLM's budget, or None
         args = AsyncEngineArgs(
             model=model, max_model_len=context_size, tensor_parallel_size=tensor_parallel_size,
             pipeline_parallel_size=pipeline_parallel_size, gpu_memory_utilization=gpu_memory_utilization,
@@ -165,7 +167,7 @@ class VllmEngine:
             # eager: plain PyTorch, no torch.compile nor CUDA graphs (starts in seconds, steps slower)
             **({"enforce_eager": True, "compilation_config": {"mode": 0}} if eager else {}),
             per_request_spec_decode_metrics="detailed" if speculative_method else "none",
-            **({"reasoning_config": reasoning_config(tokenizer)} if self.budget_markers else {}),
+            **({"reasoning_config": reasoning_config(own_format)} if self.budget_markers else {}),
             worker_extension_cls=WORKER_EXTENSION if speculative_method in ("suffix", "ssr") else "")
         self._loop = asyncio.new_event_loop()
         threading.Thread(target=self._loop.run_forever, name="ssr-vllm-loop", daemon=True).start()

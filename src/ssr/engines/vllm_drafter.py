@@ -38,6 +38,7 @@ from ..proposing.proposers import request_proposer
 from ..proposing.source import NO_SOURCE, Source
 from ..pricing.span_policy import SpanPolicy, judge, left_out, span_extension
 from ..loop.speculation import Layout, host_seconds, per_step_layout
+from ..formats.markers import last_at, marker_ids, thinking_at_start
 from .vllm_plugin import DEFAULT_TOKENS, flag, refuse_hybrid  # DEFAULT_TOKENS: num_speculative_tokens when unset
 
 log = logging.getLogger("ssr.drafter")
@@ -93,7 +94,7 @@ class ChainDrafter:
         self._end = list(self.end_ids)
         # a request whose prompt closes a CoT (a draft child: CoT[:b] + end marker) answers it: its
         # response is kept from the marker on, so a request that writes the marker next copies it
-        closed_at = -1 if self.thinking else _last_at(self.prompt_ids, self._end)
+        closed_at = -1 if self.thinking else last_at(self.prompt_ids, self._end)
         self._closing = [int(token) for token in self.prompt_ids[closed_at:]] if closed_at >= 0 else []
 
     def step(self, sampled: Sequence[int], room: int, costs: CostModel | None = None, batch: int = 1) -> list[int]:
@@ -165,7 +166,7 @@ class ChainDrafter:
         output, start = self._output, len(self._output)
         output.extend(int(token) for token in sampled)
         self.proposer.observe(output[start:])
-        if self.thinking and _last_at(output[max(0, start + 1 - len(self._end)):], self._end) >= 0:
+        if self.thinking and last_at(output[max(0, start + 1 - len(self._end)):], self._end) >= 0:
             self.thinking = False  # the marker ends at one of the new tokens
 
 
@@ -198,26 +199,6 @@ def replay_chains(prompt_ids: Sequence[int], output_ids: Sequence[int], costs: C
     if history is not None and output:
         history.add(output)
     return steps
-
-
-def thinking_at_start(prompt_ids: Sequence[int], start_ids: Sequence[int], end_ids: Sequence[int]) -> bool:
-    """Whether a request begins inside a CoT: its prompt opens one (the start marker) and does not
-    close it after (the end marker). ssr's own walk sends the CoT and the answer as separate
-    requests; a client of stock vLLM sends one request that does both."""
-    start, end = _last_at(prompt_ids, start_ids), _last_at(prompt_ids, end_ids)
-    return start >= 0 and end < start
-
-
-def _last_at(tokens: Sequence[int], marker: Sequence[int]) -> int:
-    """Where the last occurrence of marker starts in tokens (-1: none, or an empty marker)."""
-    size = len(marker)
-    if not size:
-        return -1
-    marker = list(marker)
-    for at in range(len(tokens) - size, -1, -1):
-        if list(tokens[at:at + size]) == marker:
-            return at
-    return -1
 
 
 class SsrDrafter:
@@ -392,6 +373,4 @@ def _markers(model_config) -> tuple[list[int], list[int]]:
     from ..formats.thinking import detect_format
 
     tokenizer = AutoTokenizer.from_pretrained(model_config.tokenizer, trust_remote_code=model_config.trust_remote_code)
-    fmt = detect_format(getattr(tokenizer, "chat_template", None))
-    encode = lambda text: tokenizer.encode(text, add_special_tokens=False) if text else []  # noqa: E731
-    return encode(fmt.start.strip()), encode(fmt.end)
+    return marker_ids(tokenizer, detect_format(getattr(tokenizer, "chat_template", None)))

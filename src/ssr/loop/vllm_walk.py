@@ -15,13 +15,11 @@ sequence walk's transcript, result and iteration (loop/walk.py).
                 argmax, or the token after a fully accepted draft, is the bonus; sampled: exact
                 rejection sampling on top-k rows, verify.verify_sampled_rows)
   3. continue - one request from the accepted prefix; or, where nothing comes between CoT and
-                answer (`goes_on`: ar and ssr-suffix, nothing to ban or to force but what vLLM's
-                own thinking budget forces, engines/vllm_budget.py), the parent's request goes
-                on, as stock vLLM serves it, and the children's drafts reach it as earlier
-                responses that vLLM's speculative method (ssr, suffix) copies. What vLLM
-                accepted: metrics.engine["speculation"], the trace
-  4. finish   - every request still open is aborted, metrics closed
-`ar` is the same walk without children.
+                answer (`goes_on`: ar and ssr-suffix, nothing to ban or force but what vLLM's own
+                thinking budget forces, engines/vllm_budget.py), the parent's request goes on as
+                stock vLLM serves it, the children's drafts copied by vLLM's speculative method
+                (ssr, suffix). What vLLM accepted: metrics.engine["speculation"], the trace
+  4. finish   - every request still open is aborted, metrics closed (`ar`: the walk, no children)
 
 Sampled requests: exact rejection sampling on vLLM's raw top-k logprob rows, which hold every
 token the sampler may pick when top_k = k <= max_logprobs (-1: whole vocabularies); the child
@@ -68,11 +66,11 @@ class VllmGeneration(Walk):
                               "only through it")
         super().__init__(engine, fmt, config, prompt_ids, stats)
         self.banned_ids = sorted(banned_ids)
-        # a budget the CoT may reach, on a model of its own format: vLLM counts it and forces the
-        # end marker itself (vllm_budget.py), the same marker in every mode and child
+        # a budget the CoT may reach, in the model's own format (the engine's markers are its): vLLM
+        # counts it and forces the end marker itself (vllm_budget.py), the same one in every mode and child
         markers = getattr(engine, "budget_markers", None)
         self.vllm_budget = vllm_budget(self.prompt_ids, markers[0], self.cot_cap) \
-            if markers and fmt.native and self.cot_cap < self.limit and engine.tokenize(fmt.end) == markers[1] else None
+            if markers and fmt.native and self.cot_cap < self.limit else None
         if self.vllm_budget is not None:
             self.forced_end_ids = list(markers[1])
         # one request writes the CoT and the answer, as stock vLLM serves it, where nothing comes
@@ -163,7 +161,7 @@ class VllmGeneration(Walk):
             if cot_end:
                 break
         self._parent, self._parent_seen = parent, seen
-        if not self._goes_on(cot_end):
+        if not self._parent_goes_on(cot_end):
             parent.abort()
             self._speculation("cot", parent, 0, len(cot_ids))
         if not cot_end:  # the stream ended without an end marker or EOS seen here
@@ -236,7 +234,7 @@ class VllmGeneration(Walk):
         if self.metrics.stop:
             return
         request, start, forced = self._parent, len(self.text.answer_ids), self.text.forced_ids
-        if request is not None and self._goes_on(self.metrics.cot_end):  # after the CoT and what vLLM forced
+        if request is not None and self._parent_goes_on(self.metrics.cot_end):  # after the CoT and what vLLM forced
             first, outputs = self._parent_seen + len(forced), [request.latest]
         else:
             context = self.prompt_ids + cot_ids + forced + self.text.answer_ids
@@ -264,7 +262,7 @@ class VllmGeneration(Walk):
             self.metrics.stop = "eos" if self.text.answer_room() else "max_tokens"
         self.metrics.decode_steps = len(cot_ids) + seen - first  # tokens vLLM decoded for the parent
 
-    def _goes_on(self, cot_end: str) -> bool:
+    def _parent_goes_on(self, cot_end: str) -> bool:
         """The parent's request goes on into the answer after a CoT that ended so."""
         return self.goes_on and (cot_end == "natural" or (cot_end == "budget" and self.vllm_budget is not None))
 

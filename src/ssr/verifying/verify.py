@@ -186,6 +186,9 @@ def verify_sampled_rows(
     return Verdict(verdict.num_accepted, local[verdict.next_token], verdict.recovered)
 
 
+NO_TOKEN = -1  # stands for a bonus vLLM did not return
+
+
 def verify_greedy_rows(draft_ids: list[int], rows: list[dict], bonus: int | None) -> tuple[int, int | None]:
     """`verify_greedy` on vLLM's logprob rows ({token: Logprob}, one per draft position): (tokens
     accepted while each is its row's argmax, the argmax at the first mismatch or `bonus`, the
@@ -193,9 +196,6 @@ def verify_greedy_rows(draft_ids: list[int], rows: list[dict], bonus: int | None
     target_ids = [_row_argmax(row) for row in rows[: len(draft_ids)]] + [NO_TOKEN if bonus is None else bonus]
     verdict = verify_greedy(draft_ids, np.asarray(target_ids, dtype=np.int64))
     return verdict.num_accepted, None if verdict.next_token == NO_TOKEN else verdict.next_token
-
-
-NO_TOKEN = -1  # stands for a bonus vLLM did not return
 
 
 def _row_argmax(row: dict) -> int:
