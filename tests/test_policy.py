@@ -265,7 +265,7 @@ def test_policy_stats_learn_usage():
 
 def test_engine_costs_are_measured_once_then_rescaled(tmp_path, monkeypatch):
     """The start-up probe is cached per engine setup; later starts only time a few steps."""
-    from ssr.pricing.costs import engine_costs
+    from ssr.pricing.probe import engine_costs
     from ssr.engines.fake import FakeEngine
 
     monkeypatch.setenv("SSR_CACHE", str(tmp_path))

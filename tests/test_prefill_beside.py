@@ -127,7 +127,7 @@ class OffHostFake(FakeEngine):
 
 
 def test_a_table_calibrated_where_the_prefill_frees_the_host_says_so():
-    from ssr.pricing.costs import calibrate
+    from ssr.pricing.probe import calibrate
 
     assert calibrate(OffHostFake(), repeats=1, context_tokens=32, score_sizes=(8, 32, 128)).prefill_off_host
     assert not calibrate(FakeEngine(), repeats=1, context_tokens=32, score_sizes=(8, 32, 128)).prefill_off_host

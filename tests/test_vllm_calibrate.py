@@ -12,7 +12,7 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from ssr.pricing.costs import read_table  # noqa: E402
+from ssr.pricing.probe import read_table  # noqa: E402
 from ssr.models import cache_dir  # noqa: E402
 
 pytestmark = pytest.mark.vllm

@@ -217,7 +217,8 @@ def test_a_childs_answer_is_kept_from_the_end_marker_so_the_parent_copies_it_aft
 ])
 def test_the_drafters_cost_table_is_the_environments_else_the_one_kept_for_the_model_on_a_cpu(
         tmp_path, monkeypatch, on_cpu, kept, env, expected):
-    from ssr.pricing.costs import CostTable, load_costs, write_table
+    from ssr.pricing.costs import CostTable, load_costs
+    from ssr.pricing.probe import write_table
     from ssr.engines import vllm_drafter
     from ssr.engines.vllm_costs import table_path
 

@@ -16,7 +16,8 @@ from prompts import humaneval_prompts  # noqa: E402
 
 from ssr.api import SSR  # noqa: E402
 from ssr.config import GenerationConfig  # noqa: E402
-from ssr.pricing.costs import CostModel, read_table  # noqa: E402
+from ssr.pricing.costs import CostModel  # noqa: E402
+from ssr.pricing.probe import read_table  # noqa: E402
 from ssr.engines.vllm_drafter import replay_chains  # noqa: E402
 from ssr.formats.markers import thinking_at_start  # noqa: E402
 

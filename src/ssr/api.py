@@ -42,7 +42,8 @@ class SSR:
         if self._costs is None:
             import sys
 
-            from .pricing.costs import engine_costs, gpu_preset
+            from .pricing.costs import gpu_preset
+            from .pricing.probe import engine_costs
 
             table = gpu_preset() if self.requests_based else \
                 engine_costs(self.engine, log=lambda line: print(line, file=sys.stderr))  # vLLM: a child rides in its batch

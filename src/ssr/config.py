@@ -57,8 +57,14 @@ REPLAY_ONLY = (  # what `ssr traces` also replays: the paper's method, the peers
         ("oracle-anchored", "the limit of copying after the context's last token: the oracle, its copies "
                             "following an occurrence of that token"))),
 )
+# replay-only references on traces that carry a GPU run's recorded acceptance (bench/recorded.py);
+# not in the default modes: a trace without the record cannot replay them
+RECORDED_MODES = tuple(
+    Mode(name, False, False, "own", summary, replays_as="suffix", own_proposer=True) for name, summary in (
+        ("recorded-ngram", "reference: vLLM's n-gram acceptance as a GPU run recorded it (acc_ngram)"),
+        ("recorded-eagle", "reference: vLLM's EAGLE acceptance as a GPU run recorded it (acc_eagle)")))
 MODES = tuple(MODE_TABLE)  # what the engines run (generate, bench, serve)
-MODE_TABLE.update((mode.name, mode) for mode in REPLAY_ONLY)
+MODE_TABLE.update((mode.name, mode) for mode in (*REPLAY_ONLY, *RECORDED_MODES))
 # what `ssr traces` replays, in its tables' order (`ngram` is there as ngram-v1 and vllm-ngram, by its rules)
 TRACE_MODES = ("ar", "ssr", "paper", "suffix", "ngram-v1", "pld", *(mode.name for mode in REPLAY_ONLY[2:]))
 DRAFT_MODES = tuple(name for name in MODES if MODE_TABLE[name].drafts)  # modes that fork draft children

@@ -112,7 +112,7 @@ def skeleton(arch: str) -> dict:
 def context_curve(engine, contexts: tuple[int, ...], repeats: int) -> dict[int, dict[str, float]]:
     """Median seconds of a one-sequence step and a 128-token score, and prefill per token, at
     each context length (calibrate's own probe)."""
-    from .pricing.costs import _probe
+    from .pricing.probe import _probe
 
     curve = {}
     for context in contexts:
@@ -128,7 +128,7 @@ def pass_probe(engine, context: int, repeats: int) -> dict[str, float]:
     a fork (a branch or a child: the KV slot copied), a parent's 17-token span pass with a child's
     step in one pass (2 sequences), three 17-token candidate spans with a child's step (4
     sequences). `ssr simulate` prices such a pass as a score over all its tokens, a fork as free."""
-    from .pricing.costs import filler_ids as _filler
+    from .pricing.probe import filler_ids as _filler
 
     filler = _filler(engine, context)
     span = filler[:17]
@@ -237,8 +237,9 @@ def check_architecture(arch: str, args, log) -> dict:
     """Cost table, context curve, launch overhead and identity for one architecture."""
     import torch
 
-    from .pricing.costs import _median_step_s, calibrate, gpu_preset
-    from .pricing.costs import filler_ids as _filler
+    from .pricing.costs import gpu_preset
+    from .pricing.probe import _median_step_s, calibrate
+    from .pricing.probe import filler_ids as _filler
 
     started = time.perf_counter()
     engine = random_engine(arch, args.device, args.dtype, context_size=args.context_size)

@@ -133,7 +133,8 @@ def cmd_report(args: argparse.Namespace) -> int:
 def cmd_calibrate(args: argparse.Namespace, model_loader) -> int:
     from tqdm import tqdm
 
-    from ..pricing.costs import SCORE_SIZES, STEP_SIZES, calibrate
+    from ..pricing.costs import SCORE_SIZES, STEP_SIZES
+    from ..pricing.probe import calibrate
 
     if args.repeats < 1:
         raise ConfigError(f"--timings must be >= 1, got {args.repeats}")
@@ -155,7 +156,7 @@ def cmd_calibrate(args: argparse.Namespace, model_loader) -> int:
                               progress=lambda: bar.update(1))
     costs = replace(costs, meta={**costs.meta, "engine": args.engine, "model": args.model, "threads": args.threads})
     if args.engine == "vllm":  # kept for the model on this machine: ssr serve and stock vLLM's ssr drafter read it
-        from ..pricing.costs import write_table
+        from ..pricing.probe import write_table
 
         kept = vllm_costs.table_path(model.engine.name)
         write_table(kept, costs)
@@ -234,7 +235,7 @@ def cmd_traces(args: argparse.Namespace) -> int:
     tokens = [tokenize_trace(t, vocab) for t in tqdm(traces, unit="trace", desc="tokenizing", dynamic_ncols=True,
                                                       disable=not sys.stderr.isatty())]
     rows = replay_all(tokens, modes, settings, orders, host, progress=sys.stderr.isatty(), candidates=args.candidates,
-                      ngram=ngram)
+                      ngram=ngram, recorded_k=args.recorded_k)
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     with open(out_dir / "rows.jsonl", "w", encoding="utf-8") as out:
@@ -244,7 +245,9 @@ def cmd_traces(args: argparse.Namespace) -> int:
     note = (f"`ssr traces` on {', '.join(args.files)}: {len(traces)} traces, tokenizer {vocab.name}, costs "
             f"{', '.join(s.name for s in settings)}, host time {args.host}, several candidates verified as "
             f"{ {'tree': 'one token tree', 'forks': 'forks', 'chain': 'one chain (one candidate a pass)'}[args.candidates]}"
-            + (f"; ngram-v1 at {args.ngram} (min, max, k)" if ngram else "") + ".")
+            + (f"; ngram-v1 at {args.ngram} (min, max, k)" if ngram else "")
+            + (f"; recorded modes at k = {args.recorded_k}" if any(m.startswith("recorded-") for m in modes) else "")
+            + ".")
     path = write_report(rows, out_dir, note)
     print(f"\nrows: {out_dir / 'rows.jsonl'}; report: {path}", file=sys.stderr)
     return 0
@@ -276,6 +279,8 @@ def _trace_options(args: argparse.Namespace) -> tuple[list[str], list[str], obje
         raise ConfigError("--cost-model: give 'gpu', 'specdecode-h100' or calibrate JSON files")
     if args.tasks is not None and args.tasks < 1:
         raise ConfigError("--tasks must be >= 1")
+    if args.recorded_k < 1:
+        raise ConfigError(f"--recorded-k must be >= 1, got {args.recorded_k}")
     return modes, orders, host, settings
 
 

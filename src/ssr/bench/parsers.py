@@ -48,7 +48,7 @@ def _add_simulate(commands) -> None:
 
 
 def _add_traces(commands) -> None:
-    from ..config import MODE_TABLE, TRACE_MODES
+    from ..config import MODE_TABLE, RECORDED_MODES, TRACE_MODES
 
     traces = commands.add_parser(
         "traces", help="replay what reasoning models wrote (trace files, chat-completions logs) in every mode",
@@ -61,7 +61,9 @@ def _add_traces(commands) -> None:
     traces.add_argument("--modes", default=",".join(TRACE_MODES),
                         help="comma-separated, default all (a trace holds no draft child's text: ssr replays its "
                              "speculation alone): " + "; ".join(
-                            f"{name}: {MODE_TABLE[name].summary}" for name in TRACE_MODES))
+                            f"{name}: {MODE_TABLE[name].summary}" for name in TRACE_MODES)
+                        + "; and, on traces with a GPU run's acceptance, not by default: " + "; ".join(
+                            f"{mode.name}: {mode.summary}" for mode in RECORDED_MODES))
     traces.add_argument("--orders", default="cold,deployment",
                         help="cold (each trace alone) and/or deployment (file order, earlier responses "
                              "cached, the last request's KV kept)")
@@ -84,6 +86,9 @@ def _add_traces(commands) -> None:
     traces.add_argument("--ngram", default=None, metavar="MIN,MAX,K",
                         help="the ngram-v1 peer's prompt_lookup_min, prompt_lookup_max and num_speculative_tokens "
                              "(default vLLM's docs' example: 4,4,5; SpecDecode-Bench ran 3,7,3 and 3,7,5)")
+    traces.add_argument("--recorded-k", type=int, default=3, metavar="K",
+                        help="draft tokens a step for the reference modes recorded-ngram and recorded-eagle, "
+                             "which play back a GPU run's recorded acceptance (default 3, as SpecDecode-Bench)")
     traces.add_argument("--candidates", choices=("tree", "forks", "chain"), default="tree",
                         help="how the replayed engine verifies several candidate spans a pass: tree (one token tree, "
                              "tree attention: a pass costs its nodes; default), forks (each on its own fork, a pass "

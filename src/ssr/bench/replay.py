@@ -33,7 +33,7 @@ import time
 
 import numpy as np
 
-from ..pricing.costs import CostTable
+from ..pricing.costs import CostTable, DraftCost
 from ..engines.base import Capabilities, TokenListTree
 from ..engines.prefix import MIN_SHARED_TOKENS
 from ..verifying.verify import common_prefix
@@ -90,7 +90,8 @@ class ReplayEngine:
     prefix: KeptKV  # KeepsPrefix: what a deployment's server kept from its last request
 
     def __init__(self, model: RowModel, costs: CostTable, host: str | float | None = None,
-                 max_sequences: int = 4, kept: KeptKV | None = None, batch: int = 1) -> None:
+                 max_sequences: int = 4, kept: KeptKV | None = None, batch: int = 1,
+                 drafting: DraftCost | None = None) -> None:
         self.model = model
         self.prefix = kept if kept is not None else KeptKV()  # the KV a deployment kept from its last request
         self.max_sequences = max_sequences  # as the run's engine (the engines' default: 4)
@@ -100,6 +101,8 @@ class ReplayEngine:
         # requests in each step (the costs are priced among them: CostTable.at_batch); a step waits
         # for every one's host time, so it goes on the clock this many times
         self.batch = batch
+        self.drafting = drafting  # a peer's drafter's device cost, priced beside each pass that verifies a draft
+        self.drafting_s = 0.0  # the modelled seconds it added
         # an accelerator's costs: the loop builds its proposer beside the prefill (beside_prefill)
         self.capabilities = replace(self.capabilities, prefill_frees_host=self.capabilities.prefill_frees_host
                                     and costs.prefill_off_host)
@@ -193,7 +196,7 @@ class ReplayEngine:
 
     def score(self, seq: int, token_ids: Sequence[int], ids: bool = False, banned=None) -> np.ndarray:
         self._begin()
-        self.seconds += self.costs.score(len(token_ids), len(self._tokens[seq]))
+        self._priced(self.costs.score(len(token_ids), len(self._tokens[seq])), len(token_ids), len(self._tokens[seq]))
         out = self._feed(seq, token_ids)
         self._since = time.perf_counter()
         return self._as(out, ids)
@@ -209,6 +212,13 @@ class ReplayEngine:
         out = [self._as(self._feed(seq, token_ids), ids) for seq, token_ids in feeds]
         self._since = time.perf_counter()
         return out
+
+    def _priced(self, pass_s: float, tokens: int, context: int) -> None:
+        """A pass of `tokens` for one sequence on the clock, with the peer's drafting where it
+        verifies a draft (more than the one token a plain step feeds)."""
+        drafted = self.drafting.seconds(pass_s, tokens, context) if self.drafting is not None and tokens > 1 else 0.0
+        self.drafting_s += drafted
+        self.seconds += pass_s + drafted
 
     def _begin(self, is_pass: bool = True) -> None:
         """A pass (or another engine call) starts: the loop's time since the engine last returned
@@ -325,7 +335,7 @@ class TreeReplayEngine(TokenListTree, ReplayEngine):
         self._begin()
         tokens = self._tokens[seq]
         base = len(tokens)
-        self.seconds += self.costs.score(len(token_ids), base)
+        self._priced(self.costs.score(len(token_ids), base), len(token_ids), base)
         out = []
         for node, (token, parent) in enumerate(zip(token_ids, parents)):
             if parent != node - 1:  # a new branch: the sequence, then the node's ancestors

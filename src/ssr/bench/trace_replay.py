@@ -43,6 +43,7 @@ from ..pricing.drafting import Plan, PolicyStats
 from ..proposing.history import ResponseHistory
 from ..proposing.lookup import NgramSettings, vllm_ngram
 from .oracle import ORACLES, OracleProposer
+from .recorded import DEFAULT_K, RECORDED, RecordedProposer
 from .peers import REPLAY_PEERS
 from .replay import REPLAY_FORMAT, ChainReplayEngine, KeptKV, ReplayEngine, RowModel, TreeReplayEngine
 from .traces import TokenTrace
@@ -70,8 +71,8 @@ def mode_config(mode: str) -> GenerationConfig:
     """The generation config a trace is replayed under in `mode` (TRACE_MODES)."""
     if mode in RENAMED:
         raise ConfigError(f"--modes: {mode!r} is now {RENAMED[mode]}")
-    if mode not in TRACE_MODES:
-        raise ConfigError(f"--modes: unknown {mode!r}; choose from {', '.join(TRACE_MODES)}")
+    if mode not in TRACE_MODES and mode not in RECORDED:
+        raise ConfigError(f"--modes: unknown {mode!r}; choose from {', '.join((*TRACE_MODES, *RECORDED))}")
     row = MODE_TABLE[mode]  # the oracle and the replay-only peers: a peer's loop (no child), their own proposer
     base = GenerationConfig(mode=row.replays_as or mode, thinking_budget=_BIG, max_answer_tokens=_BIG // 2)
     return base if row.cot_spans else replace(base, cot_spans=False)
@@ -83,7 +84,7 @@ CANDIDATES = ("tree", "forks", "chain")  # how the replayed engine verifies seve
 def replay_trace(tokens: TokenTrace, mode: str, setting: CostSetting, order: str,
                  history: ResponseHistory | None = None, stats: PolicyStats | None = None,
                  host: str | float | None = None, candidates: str = "tree", kept: KeptKV | None = None,
-                 ngram: NgramSettings | None = None) -> dict:
+                 ngram: NgramSettings | None = None, recorded_k: int = DEFAULT_K) -> dict:
     """One trace in one mode -> a bench-shaped row (metrics on the modelled clock, the loop's
     host time measured apart under "host", identity to the trace). candidates: "tree" (an
     engine with tree attention: several candidates as one token tree, a pass priced by its
@@ -92,7 +93,7 @@ def replay_trace(tokens: TokenTrace, mode: str, setting: CostSetting, order: str
     vLLM verifies one draft chain per request per step: ssr's drafter there). kept: the KV the
     deployment's server holds from its last request (prefix caching; None: a cold server); it
     holds this request's prompt and output afterwards. ngram: the `ngram-v1` peer's settings
-    (None: vLLM's docs' example)."""
+    (None: vLLM's docs' example); recorded_k: the recorded modes' draft tokens a step."""
     trace = tokens.trace
     end = tokens.cot_ids[-1:]  # the end-of-thinking token, forced where a CoT would not end
     model = RowModel(prompt_ids=tokens.prompt_ids, cot_ids=tokens.cot_ids, answer_ids=tokens.answer_ids,
@@ -102,15 +103,14 @@ def replay_trace(tokens: TokenTrace, mode: str, setting: CostSetting, order: str
         config = replace(config, thinking_budget=0, draft_at=0)
     if candidates == "chain" and mode not in REPLAY_PEERS:  # ssr's drafter's longest chain (the oracles' too)
         config = replace(config, suffix=replace(config.suffix, max_span=DEFAULT_TOKENS))
-    proposer = OracleProposer(tokens.prompt_ids, tokens.cot_ids + tokens.answer_ids,
-                              history.responses if history is not None else (), config.suffix.max_span, ORACLES[mode],
-                              len(tokens.cot_ids)) \
-        if mode in ORACLES else REPLAY_PEERS[mode](tokens.prompt_ids, history) if mode in REPLAY_PEERS else \
-        vllm_ngram(tokens.prompt_ids, ngram) if mode == "ngram-v1" and ngram is not None else None
+    proposer = _proposer(tokens, mode, config, history, ngram, recorded_k)
     tree = candidates == "tree" or (proposer is not None and proposer.shape.tree)  # a peer's engine verifies its tree
     engine_class = TreeReplayEngine if tree else ChainReplayEngine if candidates == "chain" else ReplayEngine
+    drafter = RECORDED[mode].drafter if mode in RECORDED else "ngram" if mode == "ngram-v1" else None
     engine = engine_class(model, setting.costs, host=host, max_sequences=1 if candidates == "chain" else SEQUENCES,
-                          kept=kept, batch=setting.batch)
+                          kept=kept, batch=setting.batch, drafting=setting.costs.drafting.get(drafter))
+    if isinstance(proposer, RecordedProposer):
+        proposer.wrong = engine.never_id  # a rejected draft token: one the replayed model never writes
     started = time.perf_counter()
     generation = Generation(engine, REPLAY_FORMAT, config, tokens.prompt_ids, costs=CostModel(table=setting.costs),
                             stats=stats, plan=NO_DRAFT, history=history, proposer=proposer, views=tokens.views)
@@ -125,14 +125,38 @@ def replay_trace(tokens: TokenTrace, mode: str, setting: CostSetting, order: str
             "draft_ids": [], "forced_ids": result.forced_ids, "trace": result.trace, "identical": identical,
             "host": {"s": engine.host_s, "passes": engine.passes, "wall_s": wall_s, "on_clock": host,
                      "beside_prefill": engine.beside},
+            **({"drafting_s": engine.drafting_s} if engine.drafting is not None else {}),
             "step_s": setting.costs.step(1), "candidates": candidates, "batch": setting.batch,
             **({"turn": trace.turn, "parts": part_runs(tokens.answer_parts)} if trace.turn or tokens.answer_parts
                else {})}
 
 
+def _proposer(tokens: TokenTrace, mode: str, config: GenerationConfig, history: ResponseHistory | None,
+              ngram: NgramSettings | None, recorded_k: int):
+    """The proposer a replay-only mode brings (None: the loop's own for the mode)."""
+    if mode in ORACLES:
+        return OracleProposer(tokens.prompt_ids, tokens.cot_ids + tokens.answer_ids,
+                              history.responses if history is not None else (), config.suffix.max_span,
+                              ORACLES[mode], len(tokens.cot_ids))
+    if mode in REPLAY_PEERS:
+        return REPLAY_PEERS[mode](tokens.prompt_ids, history)
+    if mode in RECORDED:
+        kind = RECORDED[mode]
+        acc_len = dict(tokens.trace.acceptance).get(kind.record)
+        if acc_len is None:
+            raise ConfigError(f"--modes {mode}: trace {tokens.trace.item!r} of {tokens.trace.set} holds no "
+                              f"acc_{kind.record} (a GPU run's recorded acceptance)")
+        return RecordedProposer(tokens.cot_ids + tokens.answer_ids, acc_len, recorded_k, wrong=-1,
+                                drafts_always=kind.drafts_always, name=mode)
+    if mode == "ngram-v1" and ngram is not None:
+        return vllm_ngram(tokens.prompt_ids, ngram)
+    return None
+
+
 def replay_all(traces: Sequence[TokenTrace], modes: Sequence[str], settings: Sequence[CostSetting],
                orders: Sequence[str] = ORDERS, host: str | float | None = None, progress: bool = False,
-               candidates: str = "tree", ngram: NgramSettings | None = None) -> list[dict]:
+               candidates: str = "tree", ngram: NgramSettings | None = None,
+               recorded_k: int = DEFAULT_K) -> list[dict]:
     """Every trace in every mode, order and cost setting. Deployment order keeps one response
     history, one set of learnt span statistics and one server's kept KV (prefix caching) per
     (group, mode, setting), in file order."""
@@ -151,7 +175,7 @@ def replay_all(traces: Sequence[TokenTrace], modes: Sequence[str], settings: Seq
         deployed = order == "deployment"
         rows.append(replay_trace(tokens, mode, setting, order, histories[key] if deployed else None,
                                  learnt[key] if deployed else PolicyStats(), host, candidates,
-                                 kept[key] if deployed else None, ngram))
+                                 kept[key] if deployed else None, ngram, recorded_k))
     return rows
 
 

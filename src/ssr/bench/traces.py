@@ -15,7 +15,9 @@ One trace a line, in any of these shapes:
   whose prompt is the conversation before it (bench/conversations.py renders it);
 - token ids: {"prompt_token_ids", "generated_token_ids", "id"?, "model"?} (a benchmark's greedy
   outputs in the model's own vocabulary, its chat template applied): replayed as they are, no
-  tokenizer; a model that does not reason: the output is all answer.
+  tokenizer; a model that does not reason: the output is all answer. A GPU run's recorded
+  acceptance beside them ({"acc_ngram": {"acc_len": [...]}, "acc_eagle": ...}) replays as the
+  reference modes recorded-ngram and recorded-eagle (bench/recorded.py).
 
 Prompts are rendered as ChatML (the Qwen family's format: `<|im_start|>role ... <|im_end|>`,
 the assistant turn opened with `<think>`); the CoT ends with one end-of-thinking token (as
@@ -50,6 +52,8 @@ class TextTrace:
     tools: bool = False  # tools were offered (an agent's conversation, a request with `tools`): calls may follow
     # recorded as token ids, no text (any model's vocabulary): (prompt, output); the output is all answer
     token_ids: tuple[tuple[int, ...], tuple[int, ...]] | None = None
+    # a GPU run's acceptance per output position, by proposer ("ngram", "eagle"): bench/recorded.py
+    acceptance: tuple[tuple[str, tuple[int, ...]], ...] = ()
 
     @property
     def group(self) -> str:
@@ -147,7 +151,8 @@ def parse_trace(data: dict, set_name: str) -> TextTrace | None:
     if "prompt_token_ids" in data and "generated_token_ids" in data:  # token ids, no text
         item = str(data.get("id", ""))
         return TextTrace(set_name, _short(data.get("model") or "unknown"), item, (), "", "", item,
-                         token_ids=(_ids(data["prompt_token_ids"]), _ids(data["generated_token_ids"])))
+                         token_ids=(_ids(data["prompt_token_ids"]), _ids(data["generated_token_ids"])),
+                         acceptance=_acceptance(data))
     if "messages" in data:  # a served request's log line
         if data.get("finish", "stop") not in ("stop", "length", "tool_calls"):
             return None
@@ -159,6 +164,18 @@ def parse_trace(data: dict, set_name: str) -> TextTrace | None:
     item = "/".join(str(data[key]) for key in ("task_id", "setting", "run") if data.get(key) is not None)
     return TextTrace(set_name, _short(data.get("model") or "unknown"), item, (("user", _text(data["prompt"])),),
                      _text(data["cot"]), _text(data["answer"]), str(data.get("task_id", item)))
+
+
+def _acceptance(data: dict) -> tuple[tuple[str, tuple[int, ...]], ...]:
+    """{"acc_ngram": {"acc_len": [...]}, "acc_eagle": ...} -> (("ngram", (...)), ("eagle", (...)))."""
+    found = []
+    for field_name in sorted(name for name in data if name.startswith("acc_")):
+        record = data[field_name]
+        lengths = record.get("acc_len") if isinstance(record, dict) else None
+        if not isinstance(lengths, list) or not all(isinstance(n, int) and n >= 1 for n in lengths):
+            raise ValueError(f"{field_name}.acc_len must be a list of integers >= 1")
+        found.append((field_name.removeprefix("acc_"), tuple(lengths)))
+    return tuple(found)
 
 
 def _short(model: str) -> str:

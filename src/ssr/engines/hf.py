@@ -257,7 +257,7 @@ class TransformersEngine(SequenceSlots):
         self.chat_template, self.bos_text, self.eos_text = self.text.chat_template, self.text.bos_text, self.text.eos_text
         self.add_bos, self.eos_ids = self.text.add_bos, self.text.eos_ids
         self._pad_id = tokenizer.pad_token_id or 0  # fed as throw-away queries
-        # names this setup for the cached cost table (see costs.engine_costs)
+        # names this setup for the cached cost table (see probe.engine_costs)
         self.cost_key = f"transformers-{self.name}-{self.device.split(':')[0]}-{self.dtype}-{self.threads}t"
         self._cache = _slot_cache_class()(max_sequences, CAPACITY_BLOCK)
         # a sequence is its slot in the KV buffers; the last request's longest sequence stays in

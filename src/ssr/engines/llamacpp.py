@@ -107,7 +107,7 @@ class LlamaCppEngine(SequenceSlots):
         self.add_bos = bool(lib.llama_vocab_get_add_bos(self._vocab))
         self.bos_text = self.token_bytes(lib.llama_vocab_bos(self._vocab)).decode("utf-8", "replace")
         self.eos_text = self.token_bytes(lib.llama_vocab_eos(self._vocab)).decode("utf-8", "replace")
-        # names this setup for the cached cost table (see costs.engine_costs)
+        # names this setup for the cached cost table (see probe.engine_costs)
         self.cost_key = f"llama.cpp-{self.name}-{self.model_path.stat().st_size}-{threads}t-{max_sequences}seq" + \
             (f"-{self.n_gpu_layers}gpu" if self.offload and self.n_gpu_layers else "")
         # handles are llama.cpp sequence ids; the last request's longest sequence is kept for the

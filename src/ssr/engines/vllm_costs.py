@@ -1,6 +1,6 @@
 """vLLM's costs, measured through its requests: the table ssr's drafter prices spans with.
 
-vLLM schedules its own batches, so the sequence probe of costs.calibrate (fork, step, score)
+vLLM schedules its own batches, so the sequence probe of probe.calibrate (fork, step, score)
 does not apply. The same quantities come from request timings instead, on a context that vLLM's
 prefix cache holds (a first request writes it):
 
@@ -20,7 +20,8 @@ import statistics
 import time
 from pathlib import Path
 
-from ..pricing.costs import CostTable, filler_ids, read_table, write_table
+from ..pricing.costs import CostTable
+from ..pricing.probe import filler_ids, read_table, write_table
 from .vllm_drafter import UNDRAFTED  # the drafter leaves these requests plain
 
 SCORE_TOKENS = (8, 32, 128, 512)  # tokens in one pass, as costs.SCORE_SIZES

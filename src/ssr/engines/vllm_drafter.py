@@ -350,7 +350,7 @@ def _engine_costs(model_config) -> CostTable:
     a CPU the table measured for this model on this machine (`ssr calibrate --engine vllm`, or
     `ssr serve --engine vllm` once), where there is one; else the GPU preset (only the ratios
     matter: a verify pass of tens of tokens ~ a step at batch 1)."""
-    from ..pricing.costs import read_table
+    from ..pricing.probe import read_table
     from .vllm_costs import table_path
 
     spec = os.environ.get(COSTS_ENV, "").strip()

@@ -21,8 +21,6 @@ without slopes (older files, the GPU preset) ignore the context.
 from __future__ import annotations
 
 import json
-import statistics
-import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
@@ -31,6 +29,21 @@ from ..config import ConfigError
 SCORE_SIZES = (8, 32, 128, 512)
 STEP_SIZES = (1, 2, 4)
 BATCH_SCORE_SIZES = (2, 4, 8, 16, 32, 64, 128, 256)  # span passes priced at a batch (CostTable.at_batch)
+
+
+@dataclass(frozen=True)
+class DraftCost:
+    """What a peer's proposer costs a step on the device, beside the verify pass (a trained
+    drafter's forward passes, an n-gram search on the GPU's host): measured by whoever measured
+    the table. ssr's own proposers run on the host; their time is measured, not priced here."""
+
+    share_of_pass: float = 0.0  # of the verify pass it drafts for
+    fixed_s: float = 0.0  # a step
+    per_token_s: float = 0.0  # a token in the request's verify pass (its drafted tokens and the last one)
+    per_kv_s: float = 0.0  # a token in the KV cache (the batch's)
+
+    def seconds(self, pass_s: float, tokens: int, context: int) -> float:
+        return self.share_of_pass * pass_s + self.fixed_s + self.per_token_s * tokens + self.per_kv_s * context
 
 
 @dataclass(frozen=True)
@@ -48,6 +61,7 @@ class CostTable:
     score_context_s: float = 0.0  # per scored token, per cached token beyond context_tokens
     pass_context_s: float = 0.0  # per score pass, per cached token beyond context_tokens (the KV read once)
     prefill_context_s: float = 0.0  # per prompt token, per token before it (see the module docstring)
+    drafting: dict[str, DraftCost] = field(default_factory=dict)  # a peer's drafter ("ngram", "eagle") -> its cost
 
     def step(self, num_sequences: int, context: int | None = None) -> float:
         extra = 0 if context is None else num_sequences * self.step_context_s * (context - self.context_tokens)
@@ -72,13 +86,20 @@ class CostTable:
     def at_batch(self, batch: int) -> CostTable:
         """The costs one request sees among `batch` requests decoded together (vLLM's running
         batch): a pass is priced by the tokens it carries in all, and every request in the batch
-        is taken to feed as many as this one (the symmetric case), so a step costs score(batch)
-        and a pass of k tokens score(batch * k). On a GPU that keeps a verified token nearly free
-        at batch 1 and makes it cost compute at batch 64 (the pass turns compute-bound)."""
+        is taken to feed as many as this one at as long a context (the symmetric case), so a step
+        costs score(batch) and a pass of k tokens score(batch * k), each request's KV is read
+        (the context slopes, a drafter's KV term, times batch), and the prompts prefill together.
+        On a GPU that keeps a verified token nearly free at batch 1 and makes it cost compute at
+        batch 64 (the pass turns compute-bound)."""
         if batch <= 1:
             return self
         return replace(self, step_s={n: self.score(batch * n) for n in STEP_SIZES},
                        score_s={k: self.score(batch * k) for k in BATCH_SCORE_SIZES},
+                       prefill_token_s=batch * self.prefill_token_s, prefill_context_s=batch * self.prefill_context_s,
+                       step_context_s=batch * self.step_context_s, score_context_s=batch * self.score_context_s,
+                       pass_context_s=batch * self.pass_context_s,
+                       drafting={name: replace(cost, per_kv_s=batch * cost.per_kv_s)
+                                 for name, cost in self.drafting.items()},
                        source=f"{self.source}; at a batch of {batch}")
 
     def to_json(self) -> str:
@@ -94,6 +115,8 @@ class CostTable:
                        prefill_token_s=float(data["prefill_token_s"]),
                        source=data.get("source", ""), meta=data.get("meta", {}),
                        context_tokens=int(data.get("context_tokens", 0)),
+                       drafting={str(name): DraftCost(**{key: float(value) for key, value in cost.items()})
+                                 for name, cost in data.get("drafting", {}).items()},
                        **slopes)
         except (KeyError, TypeError, ValueError, AttributeError) as error:
             raise ConfigError(f"not a cost model (need step_s, score_s, prefill_token_s): {error}") from error
@@ -148,11 +171,17 @@ def specdecode_h100() -> CostTable:
     """Llama-3.1-8B on one H100 with vLLM, as measured and fitted by SpecDecode-Bench (its
     simulator's predictor.py, class Llama8BH100, fitted on InstructCoder at batch 1-64): a pass
     costs 3.92645679e-08 s a KV token + 2.10103129e-05 s a token in it + 5.88590713e-03 s, plus
-    1.20683946e-03 s of overhead a step. Tables at the sizes ssr prices (the fit is linear)."""
+    1.20683946e-03 s of overhead a step. Tables at the sizes ssr prices (the fit is linear).
+    Drafting, from the same class: vLLM's n-gram search 0.5875% of the verify pass; EAGLE's
+    drafter 2.37768493e-09 s a KV token + 8.41429603e-07 s a token in the request's verify pass
+    + 2.13526175e-03 s a step."""
     fixed, per_token, per_kv = 5.88590713e-03 + 1.20683946e-03, 2.10103129e-05, 3.92645679e-08
     return CostTable(step_s={n: fixed + per_token * n for n in (*STEP_SIZES, *BATCH_SCORE_SIZES)},
                      score_s={k: fixed + per_token * k for k in (*SCORE_SIZES, *BATCH_SCORE_SIZES)},
                      prefill_token_s=per_token, step_context_s=per_kv, pass_context_s=per_kv,
+                     drafting={"ngram": DraftCost(share_of_pass=0.005875),
+                               "eagle": DraftCost(fixed_s=2.13526175e-03, per_token_s=8.41429603e-07,
+                                                  per_kv_s=2.37768493e-09)},
                      source="measured on an H100: SpecDecode-Bench's fit of Llama-3.1-8B on vLLM 0.10.1.1 "
                             "(their simulator's predictor.py, Llama8BH100)",
                      meta={"device": "cuda", "model": "Llama-3.1-8B-Instruct"})
@@ -178,146 +207,6 @@ def load_costs(spec: str) -> CostTable:
         return CostTable.from_dict(json.loads(path.read_text(encoding="utf-8")))
     except (OSError, json.JSONDecodeError) as error:
         raise ConfigError(f"cannot read cost model {spec!r}: {error} (give a calibrate JSON or 'gpu')") from error
-
-
-def calibrate(engine, repeats: int = 5, context_tokens: int = 1024, progress=None,
-              score_sizes: tuple[int, ...] = SCORE_SIZES) -> CostTable:
-    """Median wall seconds of step (1, 2, 4 sequences), score (8..512 tokens) and prefill,
-    measured on this engine at a context of `context_tokens` tokens; step(1), score(128)
-    and prefill again at twice that context give the context slopes."""
-    tick = progress or (lambda: None)
-    prefill_s, step_s, score_s = _probe(engine, context_tokens, repeats, STEP_SIZES, score_sizes, tick)
-    longer = 2 * context_tokens
-    prefill_long, step_long, score_long = _probe(engine, longer, repeats, (1,), (128,), tick)
-    grown = longer - context_tokens
-    return CostTable(step_s=step_s, score_s=score_s, prefill_token_s=prefill_s,
-                 source="measured by ssr calibrate",
-                 # an engine whose prefill frees the host names its device: the replay builds beside it too
-                 meta={"date": time.strftime("%Y-%m-%d %H:%M"),
-                       **({"device": engine.device} if engine.capabilities.prefill_frees_host else {})},
-                 context_tokens=context_tokens,
-                 step_context_s=max(0.0, (step_long[1] - step_s[1]) / grown),
-                 score_context_s=max(0.0, (score_long[128] - score_s[128]) / (128 * grown)),
-                 prefill_context_s=max(0.0, 2 * (prefill_long - prefill_s) / grown))
-
-
-QUICK_CONTEXT = 128  # tokens cached for the start-up probe
-
-
-def engine_costs(engine, log=None) -> CostTable:
-    """The engine's cost table for the policy: a quick probe (step 1 and 2 sequences, score
-    8/32/128 at a short context) measured once per engine setup and cached on disk when the
-    engine names its setup (`cost_key`); a cached table is refreshed by timing a few steps,
-    which scales it to the machine's speed now."""
-    from ..models import cache_dir
-
-    key = getattr(engine, "cost_key", None)
-    path = cache_dir() / "costs" / f"{key}.json" if key else None
-    cached = read_table(path) if path is not None else None
-    if cached is not None:
-        return _rescaled(cached, _step_seconds(engine))
-    if log is not None:
-        log(f"measuring engine costs once for {key or 'this engine'} (a few seconds)")
-    prefill_s, step_s, score_s = _probe(engine, QUICK_CONTEXT, 3, (1, 2), (8, 32, 128), lambda: None)
-    costs = CostTable(step_s=step_s, score_s=score_s, prefill_token_s=prefill_s, context_tokens=QUICK_CONTEXT,
-                  source="quick probe at start-up", meta={"date": time.strftime("%Y-%m-%d %H:%M"), "key": key})
-    if path is not None:
-        write_table(path, costs)
-    return costs
-
-
-def read_table(path: Path) -> CostTable | None:
-    """A cost table cached on disk; None when there is none or it is unreadable (measure again)."""
-    if not path.is_file():
-        return None
-    try:
-        return CostTable.from_dict(json.loads(path.read_text(encoding="utf-8")))
-    except (OSError, ValueError, ConfigError):
-        return None
-
-
-def write_table(path: Path, costs: CostTable) -> None:
-    """Cache a cost table on disk; a read-only cache only costs the probe next time."""
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(costs.to_json(), encoding="utf-8")
-    except OSError:
-        pass
-
-
-def filler_ids(engine, count: int, offset: int = 0) -> list[int]:
-    """Ordinary tokens to fill a context (the content does not matter to the timing); another
-    offset gives other tokens (probes that must not read each other's prefix cache)."""
-    start = min(1000, engine.vocab_size // 2)
-    return [start + (offset * 7919 + i) % (engine.vocab_size - start) for i in range(count)]
-
-
-def _step_seconds(engine, steps: int = 4) -> float:
-    """Median seconds of a one-sequence step at the quick probe's context."""
-    filler = filler_ids(engine, QUICK_CONTEXT)
-    seq = engine.prefill(filler)
-    try:
-        return _median_step_s(engine, [(seq, filler[0])], steps)
-    finally:
-        engine.release(seq)
-
-
-def _median_step_s(engine, batch: list[tuple[int, int]], repeats: int) -> float:
-    """Median seconds of `repeats` steps of this batch, after one that warms up (each step
-    feeds one more token to every sequence)."""
-    times = []
-    for _ in range(repeats + 1):
-        start = time.perf_counter()
-        engine.step(batch)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times[1:])
-
-
-def _rescaled(costs: CostTable, step_s: float) -> CostTable:
-    """costs with every time scaled so that a one-sequence step takes step_s."""
-    scale = step_s / costs.step_s[1] if costs.step_s[1] > 0 else 1.0
-    return CostTable(step_s={k: v * scale for k, v in costs.step_s.items()},
-                 score_s={k: v * scale for k, v in costs.score_s.items()},
-                 prefill_token_s=costs.prefill_token_s * scale, source=costs.source + f", rescaled x{scale:.2f}",
-                 meta=costs.meta, context_tokens=costs.context_tokens)
-
-
-def _probe(engine, context_tokens: int, repeats: int, step_sizes, score_sizes, tick):
-    """(prefill seconds per token, {sequences: step s}, {tokens: score s}) at this context."""
-    filler = filler_ids(engine, context_tokens)
-    parent = engine.prefill(filler)
-    prefill_s = []
-    for _ in range(max(1, repeats // 2)):
-        start = time.perf_counter()
-        engine.release(engine.prefill(filler))
-        prefill_s.append((time.perf_counter() - start) / len(filler))
-        tick()
-    step_s = {}
-    for size in step_sizes:
-        if size > engine.max_sequences:
-            continue
-        seqs = [parent] + [engine.fork(parent) for _ in range(size - 1)]
-        step_s[size] = _median_step_s(engine, [(seq, filler[0]) for seq in seqs], repeats)
-        for seq in seqs:
-            engine.truncate(seq, context_tokens)
-        for seq in seqs[1:]:
-            engine.release(seq)
-        tick()
-    if 2 in step_sizes and 2 not in step_s:  # an engine limited to one sequence: no batching
-        step_s[2] = 2 * step_s[1]
-    score_s = {}
-    for size in score_sizes:
-        probe = (filler * (size // len(filler) + 1))[:size]
-        times = []
-        for _ in range(max(2, repeats // (1 + size // 64))):
-            start = time.perf_counter()
-            engine.score(parent, probe)
-            times.append(time.perf_counter() - start)
-            engine.truncate(parent, context_tokens)
-        score_s[size] = statistics.median(times)
-        tick()
-    engine.release(parent)
-    return statistics.median(prefill_s), step_s, score_s
 
 
 @dataclass

@@ -4,7 +4,7 @@ A draft token is never free: batched with the parent it adds step(2) - step(1), 
 verifying it adds a scored token. On a GPU both are ~0; on a CPU a second sequence
 costs 0.4-1.3 steps. The policy predicts, per request, from
 
-  - the engine's cost table (costs.engine_costs: measured once, cached, rescaled to the
+  - the engine's cost table (probe.engine_costs: measured once, cached, rescaled to the
     machine's speed now; each request learns drift factors from its own calls, and the plan
     prices a draft at the median drifts of earlier requests: their context, their load), and
   - statistics of earlier requests (CoT and answer lengths, how many draft tokens ended up
