@@ -4,7 +4,7 @@ import pytest
 
 from ssr.bench.report import group_name, render_table
 from ssr.bench.requests import after_cot, format_requests, priced_steps, requests_table
-from ssr.pricing.costs import gpu_preset
+from ssr.pricing.costs import H100_TOKEN_SHARE, gpu_preset
 
 
 def metrics(answer, verify=None, answer_request=None, accepted_prefix=0, spec=None, requests=2):
@@ -46,8 +46,9 @@ def test_rows_that_are_not_vllm_walks_or_have_no_answer_are_left_out():
 def test_passes_priced_in_steps():
     table = gpu_preset()
     assert priced_steps([1, 1, 1], table) == pytest.approx(3.0)
-    assert priced_steps([256], table) == pytest.approx(1.25)
-    assert priced_steps([8], table) == pytest.approx(1.0) and priced_steps([512], table) == pytest.approx(2.0)
+    assert priced_steps([256], table) == pytest.approx(1 + 255 * H100_TOKEN_SHARE)  # 1.75: the H100's slope
+    assert priced_steps([8], table) == pytest.approx(1.021, abs=1e-3) and priced_steps([512], table) == pytest.approx(
+        2.509, abs=1e-3)
 
 
 def test_the_table_per_suite_and_mode():

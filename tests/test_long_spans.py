@@ -44,10 +44,11 @@ def test_long_spans_keep_greedy_identity(order, prompt):
 
 
 def test_long_spans_are_longer_than_the_match_allows():
-    """A first-order model repeats itself: with GPU costs spans run on past a dozen tokens, with a
-    cut to the match length (the CPU's proposer) they stay at most the match length."""
+    """A first-order model repeats itself: with GPU costs spans run on past eight tokens (a pass of
+    a dozen costs 1.03 steps), with a cut to the match length (the CPU's proposer) they stay at most
+    the match length."""
     def longest_span(costs):
         result = generation("ssr", PROMPTS[1], 1, costs, policy="fixed", draft_at=119).run()
         return max(event["proposed"] for event in result.trace if event["kind"] in ("span", "cot_span"))
 
-    assert longest_span(gpu_preset()) > 12 >= longest_span(CPU)
+    assert longest_span(gpu_preset()) > 8 >= longest_span(CPU)

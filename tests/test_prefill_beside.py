@@ -93,8 +93,8 @@ def replay_engine(cls, costs):
 
 
 COVERED = [  # (engine class, costs, host work beside the prefill) -> the part covered
-    (ReplayEngine, gpu_preset(), 0.001, 0.001),  # within the prefill's modelled 400 x 75 us = 0.03 s
-    (ReplayEngine, gpu_preset(), 0.5, 0.03),  # the prefill's seconds at most
+    (ReplayEngine, gpu_preset(), 0.001, 0.001),  # within the prefill's modelled 400 x 44 us = 0.018 s
+    (ReplayEngine, gpu_preset(), 0.5, 400 * gpu_preset().prefill_token_s),  # the prefill's seconds at most
     (TreeReplayEngine, gpu_preset().at_batch(4), 0.001, 0.001),  # a preset priced among 4 is a GPU's still
     (ReplayEngine, CPU, None, 0.0),  # a CPU's costs: built after the prefill, nothing covered
     (ChainReplayEngine, gpu_preset(), None, 0.0),  # vLLM's drafter meets a request after its prefill

@@ -124,9 +124,10 @@ def test_spans_back_off_as_the_batch_grows():
     assert accepted[64] / proposed[64] > accepted[8] / proposed[8] > accepted[1] / proposed[1]
 
 
-@pytest.mark.parametrize("batch, tokens, steps", [  # CostTable.at_batch, GPU preset in steps
-    (1, 1, 1.0), (1, 16, 1.007), (8, 1, 1.0), (8, 4, 1.02), (32, 1, 1.02), (32, 8, 1.25), (64, 8, 2.0),
-    (64, 1, 1.047)])
+@pytest.mark.parametrize("batch, tokens, steps", [  # CostTable.at_batch, GPU preset in steps: the H100's
+    # fit (21.0 us a token against a 7.11 ms step) over the batch's batch * tokens tokens
+    (1, 1, 1.0), (1, 16, 1.0443), (8, 1, 1.0207), (8, 4, 1.0916), (32, 1, 1.0916), (32, 8, 1.7531),
+    (64, 8, 2.5092), (64, 1, 1.1861)])
 def test_costs_at_a_batch(batch, tokens, steps):
     assert gpu_preset(1.0).at_batch(batch).score(tokens) == pytest.approx(steps, abs=1e-3)
 
