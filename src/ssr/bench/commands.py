@@ -225,17 +225,19 @@ def cmd_traces(args: argparse.Namespace) -> int:
 
     from ..engines.vocab import load_vocab
     from .trace_replay import replay_all
+    from .trace_drafts import DraftChoice
     from ..proposing.lookup import NgramSettings
     from .traces import load_traces, tokenize_trace
 
     modes, orders, host, settings = _trace_options(args)
     ngram = NgramSettings.parse(args.ngram) if args.ngram else None
+    DraftChoice.parse(args.drafts)  # a bad choice fails before the traces load
     traces = load_traces([Path(f) for f in args.files], args.limit, args.groups, args.tasks)
     vocab = load_vocab(args.tokenizer)
     tokens = [tokenize_trace(t, vocab) for t in tqdm(traces, unit="trace", desc="tokenizing", dynamic_ncols=True,
                                                       disable=not sys.stderr.isatty())]
     rows = replay_all(tokens, modes, settings, orders, host, progress=sys.stderr.isatty(), candidates=args.candidates,
-                      ngram=ngram, recorded_k=args.recorded_k)
+                      ngram=ngram, recorded_k=args.recorded_k, drafts=DraftChoice.parse(args.drafts))
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     with open(out_dir / "rows.jsonl", "w", encoding="utf-8") as out:

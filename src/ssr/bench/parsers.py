@@ -86,6 +86,10 @@ def _add_traces(commands) -> None:
     traces.add_argument("--ngram", default=None, metavar="MIN,MAX,K",
                         help="the ngram-v1 peer's prompt_lookup_min, prompt_lookup_max and num_speculative_tokens "
                              "(default vLLM's docs' example: 4,4,5; SpecDecode-Bench ran 3,7,3 and 3,7,5)")
+    traces.add_argument("--drafts", default="plan", metavar="plan|all|none|BUDGET",
+                        help="on traces that record draft children (`drafts`): plan (the drafting plan decides "
+                             "whether and at which recorded budget a child forks; default), all (a child at every "
+                             "recorded budget), none (no child), or one budget in tokens (e.g. 512)")
     traces.add_argument("--recorded-k", type=int, default=3, metavar="K",
                         help="draft tokens a step for the reference modes recorded-ngram and recorded-eagle, "
                              "which play back a GPU run's recorded acceptance (default 3, as SpecDecode-Bench)")

@@ -73,6 +73,8 @@ class RowModel:
     answer_prefix_ids: list[int]  # forced after the end marker
     draft_ids: list[int]  # the last child's draft
     draft_forked_at: int | None  # CoT tokens when that child forked (None: no child)
+    # (forked at, draft) of children forked before the last (a trace's recorded drafts, multi-stage)
+    earlier_drafts: tuple[tuple[int, tuple[int, ...]], ...] = ()
     cot_end: str = "natural"  # how the run's CoT ended (natural, budget, eos, repetition)
     stop: str = "eos"  # how the run's answer ended (eos, max_tokens, answer_stop, repetition)
     repetition_stop: int = 16  # the run's LoopGuard lines
@@ -113,7 +115,8 @@ class ReplayEngine:
         self.beside = [0.0, 0.0, 0.0]
         self.passes = 0  # forward passes: steps, score passes, shared passes
         self._since: float | None = None  # wall clock when the last pass returned
-        ids = model.prompt_ids + model.cot_ids + model.answer_ids + model.draft_ids + model.forced_end_ids
+        ids = model.prompt_ids + model.cot_ids + model.answer_ids + model.draft_ids + model.forced_end_ids \
+            + [token for _, draft in model.earlier_drafts for token in draft]
         self.eos_id = max(ids + model.answer_prefix_ids + [0]) + 1  # a token the row never holds
         self.never_id = self.eos_id + 1  # a token the model never predicts (wrong span tokens)
         self.vocab_size = self.never_id + 4
@@ -131,8 +134,12 @@ class ReplayEngine:
         self.cot = _with_last(model.cot_ids, {"natural": end_id, "repetition": self.never_id + 3}.get(model.cot_end))
         self.answer = _with_last(model.answer_ids, {"answer_stop": self.never_id + 2, "repetition": self.never_id + 3}
                                  .get(model.stop))
-        self.draft = [self.answer[i] if i < len(self.answer) and token == model.answer_ids[i] else token
-                      for i, token in enumerate(model.draft_ids)]
+        # fork point -> what the child forked there writes (a token equal to the answer's at its place
+        # stands as the answer's own: the same end-of-stage token where the answer's last one is replaced)
+        written = [*model.earlier_drafts, *([(model.draft_forked_at, model.draft_ids)]
+                                            if model.draft_forked_at is not None else [])]
+        self.drafts = {forked_at: [self.answer[i] if i < len(self.answer) and token == model.answer_ids[i] else token
+                                   for i, token in enumerate(draft)] for forked_at, draft in written}
         self.seconds = 0.0  # the modelled clock
         self._prompt_len = len(model.prompt_ids)
         self._forced = model.forced_end_ids + model.answer_prefix_ids  # fed after a forced end
@@ -288,10 +295,11 @@ class ReplayEngine:
         model, tokens = self.model, self._tokens[seq]
         output_len = len(tokens) - self._prompt_len
         if seq in self._forked_at and self._is_child(seq):  # a child: CoT[:b] + forced end + answer prefix + draft
-            if self._forked_at[seq] != model.draft_forked_at:
+            draft = self.drafts.get(self._forked_at[seq])
+            if draft is None:  # a child where no recorded child forked: it ends at once
                 return self.eos_id
             written = output_len - self._forked_at[seq] - len(self._forced)
-            return _at(self.draft, written, self.eos_id)
+            return _at(draft, written, self.eos_id)
         if output_len < len(self.cot) or (output_len == len(self.cot) and model.cot_end == "eos"):
             return _at(self.cot, output_len, self.eos_id)  # past the CoT: the EOS that ended it
         after = self._prompt_len + len(self.cot)  # where the forced tokens start

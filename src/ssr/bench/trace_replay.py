@@ -39,11 +39,12 @@ from ..config import MODE_TABLE, TRACE_MODES, ConfigError, GenerationConfig
 from ..engines.vllm_plugin import DEFAULT_TOKENS
 from ..pricing.costs import CostModel, CostTable
 from ..loop import Generation
-from ..pricing.drafting import Plan, PolicyStats
+from ..pricing.drafting import PolicyStats
 from ..proposing.history import ResponseHistory
 from ..proposing.lookup import NgramSettings, vllm_ngram
 from .oracle import ORACLES, OracleProposer
 from .recorded import DEFAULT_K, RECORDED, RecordedProposer
+from .trace_drafts import NO_DRAFT, DraftChoice, draft_plan  # noqa: F401 (NO_DRAFT: the loop tests' plan)
 from .peers import REPLAY_PEERS
 from .replay import REPLAY_FORMAT, ChainReplayEngine, KeptKV, ReplayEngine, RowModel, TreeReplayEngine
 from .traces import TokenTrace
@@ -51,10 +52,9 @@ from .turns import part_runs
 
 RENAMED = {"ngram": "ngram-v1 (vLLM's V1 runner; vllm-ngram is its default runner's rule)"}
 ORDERS = ("cold", "deployment")
+ON_REQUEST = ("ssr-prefix", "ssr-suffix")  # draft modes replayed when asked (no default: a trace rarely holds drafts)
 _BIG = 1 << 16  # budgets no trace reaches: the trace decides where its CoT and answer end
 SEQUENCES = 8  # sequences a replayed engine holds at once: a parent and its candidate branches
-NO_DRAFT = Plan(draft=False, stages=(), draft_tokens=1, verify_chunk=16,
-                explain={"reason": "trace replay: a trace holds no draft child's text"})
 
 
 @dataclass(frozen=True)
@@ -71,8 +71,8 @@ def mode_config(mode: str) -> GenerationConfig:
     """The generation config a trace is replayed under in `mode` (TRACE_MODES)."""
     if mode in RENAMED:
         raise ConfigError(f"--modes: {mode!r} is now {RENAMED[mode]}")
-    if mode not in TRACE_MODES and mode not in RECORDED:
-        raise ConfigError(f"--modes: unknown {mode!r}; choose from {', '.join((*TRACE_MODES, *RECORDED))}")
+    if mode not in TRACE_MODES and mode not in RECORDED and mode not in ON_REQUEST:
+        raise ConfigError(f"--modes: unknown {mode!r}; choose from {', '.join((*TRACE_MODES, *ON_REQUEST, *RECORDED))}")
     row = MODE_TABLE[mode]  # the oracle and the replay-only peers: a peer's loop (no child), their own proposer
     base = GenerationConfig(mode=row.replays_as or mode, thinking_budget=_BIG, max_answer_tokens=_BIG // 2)
     return base if row.cot_spans else replace(base, cot_spans=False)
@@ -84,7 +84,9 @@ CANDIDATES = ("tree", "forks", "chain")  # how the replayed engine verifies seve
 def replay_trace(tokens: TokenTrace, mode: str, setting: CostSetting, order: str,
                  history: ResponseHistory | None = None, stats: PolicyStats | None = None,
                  host: str | float | None = None, candidates: str = "tree", kept: KeptKV | None = None,
-                 ngram: NgramSettings | None = None, recorded_k: int = DEFAULT_K) -> dict:
+                 ngram: NgramSettings | None = None, recorded_k: int = DEFAULT_K,
+                 drafts: DraftChoice = DraftChoice(), budgets: tuple[int, ...] = (),
+                 draft_tokens: int | None = None) -> dict:
     """One trace in one mode -> a bench-shaped row (metrics on the modelled clock, the loop's
     host time measured apart under "host", identity to the trace). candidates: "tree" (an
     engine with tree attention: several candidates as one token tree, a pass priced by its
@@ -93,12 +95,22 @@ def replay_trace(tokens: TokenTrace, mode: str, setting: CostSetting, order: str
     vLLM verifies one draft chain per request per step: ssr's drafter there). kept: the KV the
     deployment's server holds from its last request (prefix caching; None: a cold server); it
     holds this request's prompt and output afterwards. ngram: the `ngram-v1` peer's settings
-    (None: vLLM's docs' example); recorded_k: the recorded modes' draft tokens a step."""
+    (None: vLLM's docs' example); recorded_k: the recorded modes' draft tokens a step. drafts: which
+    recorded draft children fork (bench/trace_drafts.py); budgets: the budgets the trace's set records;
+    draft_tokens: m, the tokens a child writes at most (None: the mode's)."""
     trace = tokens.trace
     end = tokens.cot_ids[-1:]  # the end-of-thinking token, forced where a CoT would not end
-    model = RowModel(prompt_ids=tokens.prompt_ids, cot_ids=tokens.cot_ids, answer_ids=tokens.answer_ids,
-                     forced_end_ids=end, answer_prefix_ids=[], draft_ids=[], draft_forked_at=None)
     config = mode_config(mode)
+    if draft_tokens is not None:
+        config = replace(config, draft_tokens=draft_tokens)
+    if candidates == "chain" and tokens.drafts and MODE_TABLE[mode].drafts and drafts.how != "none":
+        raise ConfigError("--candidates chain replays vLLM's drafter, whose draft children are requests of their "
+                          "own the replay does not run: give --drafts none, or --candidates tree or forks")
+    plan, draft_fields = draft_plan(tokens, mode, config, drafts, CostModel(table=setting.costs),
+                                    stats if stats is not None else PolicyStats(), budgets, candidates != "chain")
+    model = RowModel(prompt_ids=tokens.prompt_ids, cot_ids=tokens.cot_ids, answer_ids=tokens.answer_ids,
+                     forced_end_ids=end, answer_prefix_ids=[], **{"draft_ids": [], "draft_forked_at": None,
+                                                                  **draft_fields})
     if not tokens.cot_ids:  # an output with no CoT (a model that does not reason): all answer
         config = replace(config, thinking_budget=0, draft_at=0)
     if candidates == "chain" and mode not in REPLAY_PEERS:  # ssr's drafter's longest chain (the oracles' too)
@@ -113,7 +125,7 @@ def replay_trace(tokens: TokenTrace, mode: str, setting: CostSetting, order: str
         proposer.wrong = engine.never_id  # a rejected draft token: one the replayed model never writes
     started = time.perf_counter()
     generation = Generation(engine, REPLAY_FORMAT, config, tokens.prompt_ids, costs=CostModel(table=setting.costs),
-                            stats=stats, plan=NO_DRAFT, history=history, proposer=proposer, views=tokens.views)
+                            stats=stats, plan=plan, history=history, proposer=proposer, views=tokens.views)
     result = generation.run()
     wall_s = time.perf_counter() - started
     identical = result.cot_ids == engine.cot and result.answer_ids == engine.answer
@@ -122,7 +134,8 @@ def replay_trace(tokens: TokenTrace, mode: str, setting: CostSetting, order: str
     return {"suite": f"{trace.group} ({order})", "item": trace.item, "repeat": 0, "mode": mode,
             "engine": setting.name, "order": order, "metrics": result.metrics.as_dict(),
             "prompt_ids": tokens.prompt_ids, "cot_ids": engine.cot, "answer_ids": engine.answer,
-            "draft_ids": [], "forced_ids": result.forced_ids, "trace": result.trace, "identical": identical,
+            "draft_ids": result.draft_ids, "forced_ids": result.forced_ids, "trace": result.trace, "identical": identical,
+            "drafts": drafts.label, "plan": plan.as_dict(),
             "host": {"s": engine.host_s, "passes": engine.passes, "wall_s": wall_s, "on_clock": host,
                      "beside_prefill": engine.beside},
             **({"drafting_s": engine.drafting_s} if engine.drafting is not None else {}),
@@ -156,7 +169,8 @@ def _proposer(tokens: TokenTrace, mode: str, config: GenerationConfig, history: 
 def replay_all(traces: Sequence[TokenTrace], modes: Sequence[str], settings: Sequence[CostSetting],
                orders: Sequence[str] = ORDERS, host: str | float | None = None, progress: bool = False,
                candidates: str = "tree", ngram: NgramSettings | None = None,
-               recorded_k: int = DEFAULT_K) -> list[dict]:
+               recorded_k: int = DEFAULT_K, drafts: DraftChoice = DraftChoice(),
+               draft_tokens: int | None = None) -> list[dict]:
     """Every trace in every mode, order and cost setting. Deployment order keeps one response
     history, one set of learnt span statistics and one server's kept KV (prefix caching) per
     (group, mode, setting), in file order."""
@@ -167,6 +181,9 @@ def replay_all(traces: Sequence[TokenTrace], modes: Sequence[str], settings: Seq
     histories: dict[tuple, ResponseHistory] = defaultdict(ResponseHistory)
     learnt: dict[tuple, PolicyStats] = defaultdict(PolicyStats)
     kept: dict[tuple, KeptKV] = defaultdict(KeptKV)
+    budgets: dict[str, set[int]] = defaultdict(set)  # per group: the draft budgets its traces record
+    for tokens in traces:
+        budgets[tokens.trace.group].update(draft.budget_tokens for draft in tokens.trace.drafts)
     jobs = [(order, setting, tokens, mode) for order in orders for setting in settings
             for tokens in traces for mode in modes]
     rows = []
@@ -175,7 +192,8 @@ def replay_all(traces: Sequence[TokenTrace], modes: Sequence[str], settings: Seq
         deployed = order == "deployment"
         rows.append(replay_trace(tokens, mode, setting, order, histories[key] if deployed else None,
                                  learnt[key] if deployed else PolicyStats(), host, candidates,
-                                 kept[key] if deployed else None, ngram, recorded_k))
+                                 kept[key] if deployed else None, ngram, recorded_k, drafts,
+                                 tuple(sorted(budgets[tokens.trace.group])), draft_tokens))
     return rows
 
 

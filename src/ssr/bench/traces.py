@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import gzip
 import json
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from itertools import accumulate
@@ -36,6 +36,15 @@ from pathlib import Path
 from ..config import ConfigError
 from ..formats.tools import escaped_views
 from .conversations import answer_parts, calls_of, conversation_turns, offers_tools, render_messages
+
+
+@dataclass(frozen=True)
+class TraceDraft:
+    """What a draft child wrote, forked from this trace's own partial CoT and forced to end it."""
+
+    budget_tokens: int  # the CoT tokens it forked after, in the model's own count
+    cot_chars: int  # the CoT's characters it saw: cot[:cot_chars]
+    answer: str  # its whole answer
 
 
 @dataclass(frozen=True)
@@ -54,6 +63,7 @@ class TextTrace:
     token_ids: tuple[tuple[int, ...], tuple[int, ...]] | None = None
     # a GPU run's acceptance per output position, by proposer ("ngram", "eagle"): bench/recorded.py
     acceptance: tuple[tuple[str, tuple[int, ...]], ...] = ()
+    drafts: tuple[TraceDraft, ...] = ()  # draft children recorded beside it, by fork point
 
     @property
     def group(self) -> str:
@@ -68,6 +78,8 @@ class TokenTrace:
     answer_ids: list[int]  # the answer (EOS follows it)
     answer_parts: tuple[str, ...] = ()  # each answer token's part (content, call, arguments); () : all content
     views: tuple[list[int], ...] = ()  # tools offered: the messages' escaped views, for ssr to copy from
+    # the recorded draft children: (CoT tokens they forked after, their answer's tokens), by fork point
+    drafts: tuple[tuple[int, list[int]], ...] = ()
 
 
 def set_name(path: Path) -> str:
@@ -162,8 +174,29 @@ def parse_trace(data: dict, set_name: str) -> TextTrace | None:
                          "".join(text for _, text in parts), parts=parts if data.get("tool_calls") else (),
                          tools=offers_tools(data["messages"], data.get("tools"), data.get("tool_choice")))
     item = "/".join(str(data[key]) for key in ("task_id", "setting", "run") if data.get(key) is not None)
+    cot = _text(data["cot"])
     return TextTrace(set_name, _short(data.get("model") or "unknown"), item, (("user", _text(data["prompt"])),),
-                     _text(data["cot"]), _text(data["answer"]), str(data.get("task_id", item)))
+                     cot, _text(data["answer"]), str(data.get("task_id", item)), drafts=_drafts(data, cot))
+
+
+def _drafts(data: dict, cot: str) -> tuple[TraceDraft, ...]:
+    """A trace's `drafts`: [{"budget_tokens", "cot_chars", "answer"}] (a draft child forked from
+    cot[:cot_chars]); one ssr cannot use whole refuses the line."""
+    found = data.get("drafts") or []
+    if not isinstance(found, list):
+        raise ValueError("drafts must be a list of {budget_tokens, cot_chars, answer}")
+    drafts = []
+    for draft in found:
+        if not isinstance(draft, dict) or not {"budget_tokens", "cot_chars", "answer"} <= draft.keys():
+            raise ValueError("a draft needs budget_tokens, cot_chars and answer")
+        budget, chars = draft["budget_tokens"], draft["cot_chars"]
+        if not all(isinstance(n, int) and not isinstance(n, bool) for n in (budget, chars)) or budget < 1:
+            raise ValueError("a draft's budget_tokens and cot_chars must be integers, budget_tokens >= 1")
+        if not 0 < chars < len(cot):
+            raise ValueError(f"a draft's cot_chars ({chars}) must cut the CoT ({len(cot)} characters) before "
+                             "its end: a draft child forks from a partial CoT")
+        drafts.append(TraceDraft(budget, chars, _text(draft["answer"])))
+    return tuple(sorted(drafts, key=lambda d: d.cot_chars))
 
 
 def _acceptance(data: dict) -> tuple[tuple[str, tuple[int, ...]], ...]:
@@ -206,11 +239,14 @@ def tokenize_trace(trace: TextTrace, vocab) -> TokenTrace:
         prompt += vocab.tokenize("<|im_end|>\n", special=True)
     prompt += vocab.tokenize("<|im_start|>assistant\n", special=True) + vocab.tokenize("<think>\n")
     end_of_thinking = vocab.vocab_size  # an id outside the vocabulary: the marker as one token
-    cot = vocab.tokenize(trace.cot) + [end_of_thinking]
+    cot_ids, cot_starts = vocab.token_starts(trace.cot) if trace.drafts else (vocab.tokenize(trace.cot), [])
+    cot = cot_ids + [end_of_thinking]
+    # a draft forks after the CoT's tokens that begin before its cut (a token across the cut is in)
+    drafts = tuple((bisect_left(cot_starts, draft.cot_chars), vocab.tokenize(draft.answer)) for draft in trace.drafts)
     texts = escaped_views(content for _, content in trace.messages) if trace.tools else []
     views = tuple(vocab.tokenize(text) for text in texts)  # as `ssr serve` makes them (api.SSR.start)
     if not trace.parts:
-        return TokenTrace(trace, prompt, cot, vocab.tokenize(trace.answer), views=views)
+        return TokenTrace(trace, prompt, cot, vocab.tokenize(trace.answer), views=views, drafts=drafts)
     answer, starts = vocab.token_starts("".join(text for _, text in trace.parts))
     return TokenTrace(trace, prompt, cot, answer, part_labels(trace.parts, starts), views)
 
