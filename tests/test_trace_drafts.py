@@ -157,3 +157,20 @@ def test_load_traces_keeps_the_drafts(tmp_path):
     path.write_text(json.dumps(record()) + "\n")
     (trace,) = load_traces([path])
     assert [d.budget_tokens for d in trace.drafts] == [100, 200]
+
+
+def test_a_branch_that_copies_the_cots_own_end_marker_follows_the_parent_not_a_child():
+    """A candidate span verified on a fork just before the CoT's natural end may begin with the end
+    marker (a draft in the suffix tree holds it): the replayed model writes the answer after it,
+    as after the parent's own end; a child forked where the CoT goes on writes its draft."""
+    from ssr.bench.replay import ReplayEngine, RowModel
+
+    model = RowModel(prompt_ids=[1, 2], cot_ids=[3, 4, 5], answer_ids=[6, 7], forced_end_ids=[5], answer_prefix_ids=[],
+                     draft_ids=[8, 9], draft_forked_at=1)
+    engine = ReplayEngine(model, gpu_preset())
+    parent = engine.prefill([1, 2])
+    engine.score(parent, [3])
+    branch = engine.fork(parent)  # holds prompt + [3], pending 4: the CoT's next is its end, 5
+    assert list(engine.score(branch, [4, 5, 6], ids=True)) == [5, 6, 7]
+    child = engine.fork(engine.prefill([1, 2]))  # forked after the prompt, pending 3 (CoT tokens seen: 1)
+    assert list(engine.score(child, [3, 5, 8], ids=True)) == [4, 8, 9]  # the CoT, then after the forced end its draft

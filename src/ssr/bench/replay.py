@@ -310,10 +310,13 @@ class ReplayEngine:
 
     def _is_child(self, seq: int) -> bool:
         """A fork is a draft child when the forced end follows its fork point (the loop feeds a
-        child pending + forced end + answer prefix first); else a branch of the parent (several
-        candidate spans verified in one pass), whose tokens follow the parent's path."""
-        start, forced = self._prompt_len + self._forked_at[seq], self._forced
-        return self._tokens[seq][start: start + len(forced)] == forced
+        child pending + forced end + answer prefix first) where the CoT does not go on so itself;
+        else a branch of the parent (several candidate spans verified in one pass), whose tokens
+        follow the parent's path: a span that copies the end marker where the CoT ends with it is
+        the parent's own end, and the answer follows it."""
+        at, forced = self._forked_at[seq], self._forced
+        start = self._prompt_len + at
+        return self._tokens[seq][start: start + len(forced)] == forced and self.cot[at: at + len(forced)] != forced
 
 
 class ChainReplayEngine(ReplayEngine):
