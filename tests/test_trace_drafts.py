@@ -140,6 +140,8 @@ def test_the_report_prints_every_choice_and_the_hindsight_line(tmp_path, capsys)
     assert re.search(r"cold +ssr +b=100", out) and re.search(r"cold +paper +plan", out) and "cold: ssr's plan" in out
     assert main([str(path), "--drafts", "sometimes"]) == 2
     assert "--drafts: give plan, all, none" in capsys.readouterr().err
+    assert main([str(path), "--drafts", "100", "--modes", "ssr", "--orders", "cold", "--step2", "0.5"]) == 2
+    assert "--step2 must be >= 1" in capsys.readouterr().err
 
 
 def test_a_file_without_drafts_is_refused_by_the_report(tmp_path, capsys):

@@ -4,7 +4,7 @@ drafts (bench/trace_drafts.py) beside the modes that fork none.
 
     python -m ssr.bench.draft_report FILE... [--drafts none,512,1024,2048,all,plan]
         [--modes ar,ssr,ssr-prefix,paper,suffix,sglang-ngram] [--orders cold,deployment]
-        [--cost-model gpu] [--draft-tokens M] [--limit N]
+        [--cost-model gpu] [--step2 STEPS] [--draft-tokens M] [--limit N]
 
 Per (order, mode, drafts): the median whole-request ratio to `ar`, the median ratio of the time to
 the first answer token (what a user waiting for the answer sees), the draft tokens accepted as the
@@ -19,6 +19,7 @@ import argparse
 import statistics
 import sys
 from collections import defaultdict
+from dataclasses import replace
 
 from ..config import MODE_TABLE, ConfigError
 from ..pricing.costs import load_costs
@@ -98,6 +99,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--modes", default="ar,ssr,ssr-prefix,paper,suffix,sglang-ngram", help="modes, comma-separated")
     parser.add_argument("--orders", default="cold,deployment", help="cold and/or deployment")
     parser.add_argument("--cost-model", default="gpu", help="gpu, gpu:MS, specdecode-h100 or a calibrate JSON")
+    parser.add_argument("--step2", type=float, default=None, metavar="STEPS",
+                        help="a step of two sequences (a child beside the parent) costs STEPS steps (default the "
+                             "cost model's; the paper's A6000: 1.19, from its CoT throughput -5.4%% while a draft "
+                             "was active 29.5%% of the time)")
     parser.add_argument("--draft-tokens", type=int, default=None, help="m: tokens a child writes at most "
                                                                         "(default the mode's, 256)")
     parser.add_argument("--limit", type=int, default=None, help="traces per (set, model) group")
@@ -108,6 +113,13 @@ def main(argv: list[str] | None = None) -> int:
         if "ar" not in modes:
             modes.insert(0, "ar")
         setting = CostSetting(args.cost_model, load_costs(args.cost_model))
+        if args.step2 is not None:
+            if not args.step2 >= 1:
+                raise ConfigError(f"--step2 must be >= 1 (a step of one sequence), got {args.step2}")
+            table = setting.costs
+            setting = CostSetting(f"{args.cost_model}, step2 {args.step2:g}", replace(
+                table, step_s={**table.step_s, 2: args.step2 * table.step_s[1],
+                               4: max(table.step_s.get(4, 0.0), args.step2 * table.step_s[1])}))
         rows = replay_choices(args.files, modes, choices, [o.strip() for o in args.orders.split(",")], setting,
                               args.draft_tokens, args.limit)
     except ConfigError as error:
