@@ -156,7 +156,11 @@ def test_request_log_replays_in_every_mode(tmp_path):
         ids: dict = {}
 
         def tokenize(self, text, special=False):
-            return [self.ids.setdefault(w, len(self.ids)) for w in re.findall(r"\w+|[^\w\s]|\s+", text)]
+            return self.token_starts(text)[0]
+
+        def token_starts(self, text):
+            words = list(re.finditer(r"\w+|[^\w\s]|\s+", text))
+            return [self.ids.setdefault(w.group(), len(self.ids)) for w in words], [w.start() for w in words]
 
     traces = load_traces([path])
     assert [t.cot for t in traces] == [line["reasoning"] for line in lines]
@@ -206,3 +210,19 @@ def test_every_dashboard_query_names_an_exported_metric():
         for name in names:
             assert name in exported, f"{name} (in {query!r}) is not exported"
     assert "ssr:not_a_metric_total" not in exported
+
+
+def test_the_request_log_records_the_draft_children_and_replays_with_them(tmp_path):
+    """A request whose children drafted logs each one (the CoT tokens it saw, as many characters
+    of the logged reasoning, its answer's text): `ssr traces` reads them back as drafts and forks
+    them where they forked."""
+    path = tmp_path / "requests.jsonl"
+    body = {**CHAT, "ssr": {"policy": "fixed", "draft_at": 8, "draft_interval": 6}}
+    with TestClient(make_app(log_requests=str(path))) as http:
+        assert http.post("/v1/chat/completions", json=body).status_code == 200
+    (line,) = [json.loads(text) for text in path.read_text().splitlines()]
+    drafts = line["drafts"]
+    assert [d["budget_tokens"] for d in drafts] == [8, 14, 20][:len(drafts)] and len(drafts) >= 2
+    assert all(0 < d["cot_chars"] < len(line["reasoning"]) and d["answer"] for d in drafts)
+    (trace,) = load_traces([path])
+    assert [(d.budget_tokens, d.cot_chars) for d in trace.drafts] == [(d["budget_tokens"], d["cot_chars"]) for d in drafts]

@@ -169,10 +169,12 @@ def parse_trace(data: dict, set_name: str) -> TextTrace | None:
         if data.get("finish", "stop") not in ("stop", "length", "tool_calls"):
             return None
         parts = answer_parts(_text(data.get("answer") or ""), calls_of(data, "tool_calls"))
+        reasoning = _text(data.get("reasoning") or "")
         return TextTrace(set_name, _short(data.get("model") or "unknown"), str(data.get("id", "")),
-                         render_messages(data["messages"]), _text(data.get("reasoning") or ""),
+                         render_messages(data["messages"]), reasoning,
                          "".join(text for _, text in parts), parts=parts if data.get("tool_calls") else (),
-                         tools=offers_tools(data["messages"], data.get("tools"), data.get("tool_choice")))
+                         tools=offers_tools(data["messages"], data.get("tools"), data.get("tool_choice")),
+                         drafts=_drafts(data, reasoning))
     item = "/".join(str(data[key]) for key in ("task_id", "setting", "run") if data.get(key) is not None)
     cot = _text(data["cot"])
     return TextTrace(set_name, _short(data.get("model") or "unknown"), item, (("user", _text(data["prompt"])),),

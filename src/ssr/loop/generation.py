@@ -118,7 +118,7 @@ class Generation(Walk):
         stage_metrics(self.metrics, drafts)
         if self.stats is not None and self.config.chooses_spans:
             self.stats.spans.update(answer=dict(self.spans.stats), cot=dict(self.cot_spans.stats))
-        self.finish(drafts[-1].token_ids if drafts else [], self.costs)
+        self.finish(drafts[-1].token_ids if drafts else [], self.costs, drafts)
         if self.history is not None:
             self.history.add(self.result.output_ids)
         if isinstance(proposer, CompetingProposers):  # ssr's: what it borrowed goes back

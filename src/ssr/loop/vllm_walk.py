@@ -122,7 +122,7 @@ class VllmGeneration(Walk):
         self.metrics.total_s = clock.now()
         used = latest_usable(drafts)
         self._close_metrics(drafts, used)
-        self.finish(used.token_ids if used else [])
+        self.finish(used.token_ids if used else [], drafts=drafts)
 
     def _think(self, cot_ids: list[int], drafts: list[RequestChild], clock: StageClock):
         """Stage 1: fills cot_ids and drafts; returns how the CoT ended."""

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..config import ConfigError, GenerationConfig
 from ..metrics import Metrics
@@ -24,6 +24,8 @@ class Result:
     forced_ids: list[int]  # tokens forced between CoT and answer (end marker, answer prefix)
     metrics: Metrics
     trace: list[dict]  # verify events: what was proposed and how much was accepted
+    # every draft child, in stage order: (CoT tokens it saw, the answer tokens it held at the end)
+    drafts: list[tuple[int, list[int]]] = field(default_factory=list)
 
     @property
     def output_ids(self) -> list[int]:
@@ -90,13 +92,14 @@ class Walk:
         if chunk is not None:
             yield chunk
 
-    def finish(self, draft_ids: list[int], costs=None) -> None:
-        """The result, and the policy statistics told about this request."""
+    def finish(self, draft_ids: list[int], costs=None, drafts=()) -> None:
+        """The result, and the policy statistics told about this request; drafts: every child
+        (Draft, in stage order)."""
         text = self.text
         self.result = Result(
             reasoning=text.reasoning.text.strip(), answer=text.answer.text.strip(), cot_ids=text.cot_ids,
             answer_ids=text.answer_ids, draft_ids=draft_ids, forced_ids=text.forced_ids, metrics=self.metrics,
-            trace=self.trace)
+            trace=self.trace, drafts=[(draft.forked_at, list(draft.token_ids)) for draft in drafts])
         if self.stats is not None:
             self.stats.observe(self.metrics, draft_ids, text.answer_ids, self.prompt_ids + text.cot_ids, costs)
 

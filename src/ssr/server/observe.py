@@ -46,6 +46,23 @@ class Finished:
     tool_calls: tuple = ()  # tools.ToolCall read from the answer
     tool_call_problems: tuple[str, ...] = ()  # why call-looking text stayed content
     tools: object = None  # the request's tools.ToolUse, if it offered tools
+    # its draft children, as `ssr traces` reads them: {"budget_tokens", "cot_chars", "answer"}
+    drafts: tuple[dict, ...] = ()
+
+
+def draft_records(drafts, cot_ids, reasoning: str, token_bytes, eos_ids) -> tuple[dict, ...]:
+    """A request's draft children as a trace records them: the CoT tokens each saw, as many of the
+    logged reasoning's characters (the reasoning is logged stripped), and its answer's text. A
+    child that saw none of the reasoning, or all of it, is left out: no replay forks there."""
+    def text(ids) -> str:
+        return b"".join(token_bytes(token) for token in ids if token not in eos_ids).decode("utf-8", "replace")
+
+    records = []
+    for forked_at, draft_ids in drafts:
+        chars = len(text(cot_ids[:forked_at]).lstrip())
+        if 0 < chars < len(reasoning):
+            records.append({"budget_tokens": forked_at, "cot_chars": chars, "answer": text(draft_ids).strip()})
+    return tuple(records)
 
 
 class ServerMetrics:
@@ -209,7 +226,8 @@ class RequestLog:
                   "tokens": {"prompt": m["prompt_tokens"], "reasoning": m["cot_tokens"], "answer": m["answer_tokens"]},
                   "speculation": {key: m[key] for key in ("cot_passes", "cot_accepted_tokens", "verify_passes",
                                                           "answer_accepted_tokens", "accepted_prefix_tokens",
-                                                          "decode_steps", "draft_tokens")}}
+                                                          "decode_steps", "draft_tokens")},
+                  **({"drafts": list(done.drafts)} if done.drafts else {})}
         with self._lock:
             if self._file is None:
                 self.failed += 1

@@ -233,7 +233,7 @@ class Scheduler:
                     finish = "tool_calls"
         metrics = generation.metrics.as_dict()
         self.stats.add_metrics(metrics)
-        self._finished(job, seen, finish, metrics, generation.result.trace if generation.result else [])
+        self._finished(job, seen, finish, metrics, generation.result)
         self.stats.add(**{{"cancelled": "cancelled", "timeout": "timed_out", "error": "failed"}.get(finish, "ok"): 1})
         if finish == "timeout":
             job.emit("error", ApiError(504, f"the request ran past the {self.timeout_s:g} s time-out",
@@ -266,14 +266,18 @@ class Scheduler:
                 seen.problems.append(value)
                 self.log(f"ssr: {job.request.request_id}: a tool call stays content: {value}")
 
-    def _finished(self, job: Job, seen: _Seen, finish: str, metrics: dict, trace: list[dict]) -> None:
+    def _finished(self, job: Job, seen: _Seen, finish: str, metrics: dict, result) -> None:
         """Tell the observers (metrics, the request log); one that fails does not fail the request."""
-        from .observe import Finished
+        from .observe import Finished, draft_records
 
+        reasoning = "".join(seen.reasoning).strip()  # as a whole response has it
+        engine = self.model.engine
+        drafts = draft_records(result.drafts, result.cot_ids, reasoning, engine.token_bytes, engine.eos_ids) \
+            if result is not None else ()
         done = Finished(job.request.request_id, self.served_name, job.request.prompt, finish, seen.started - seen.arrived,
-                        seen.first, seen.first_answer, time.monotonic() - seen.arrived, metrics, trace,
-                        "".join(seen.reasoning).strip(), "".join(seen.answer).strip(),  # as a whole response has them
-                        tuple(seen.calls), tuple(seen.problems), job.request.tools)
+                        seen.first, seen.first_answer, time.monotonic() - seen.arrived, metrics,
+                        result.trace if result is not None else [], reasoning, "".join(seen.answer).strip(),
+                        tuple(seen.calls), tuple(seen.problems), job.request.tools, drafts)
         for observe in self.on_finished:
             try:
                 observe(done)
