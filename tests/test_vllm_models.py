@@ -50,7 +50,10 @@ def test_tensor_parallel_2_gives_plain_vllms_tokens_and_drafts_on_one_rank(model
     assert len(ranks) == 2 and ranks.count(None) == 1  # the other rank's drafter proposed nothing, kept nothing
     two = next(stats for stats in ranks if stats)
     assert one["proposed"] > 0 and one["errors"] == two["errors"] == 0
-    assert (two["proposed"], two["steps"]) == (one["proposed"], one["steps"])  # counted once, as at TP 1
+    # counted once, as at TP 1 (the same steps); the drafter prices each step at the batch it runs
+    # at, with every request's KV (CostTable.at_batch), so a step TP 2 schedules at another batch
+    # may propose other spans: the proposals agree within 10%
+    assert two["steps"] == one["steps"] and abs(two["proposed"] - one["proposed"]) <= 0.1 * one["proposed"]
 
 
 def test_a_hybrid_model_is_refused_by_the_drafter_with_the_reason(models):
