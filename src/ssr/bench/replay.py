@@ -37,8 +37,6 @@ from ..pricing.costs import CostTable, DraftCost
 from ..engines.base import Capabilities, TokenListTree
 from ..engines.prefix import MIN_SHARED_TOKENS
 from ..verifying.verify import common_prefix
-from ..proposing.proposers import CHAIN
-from ..proposing.source import Source
 from ..formats.thinking import ThinkingFormat
 
 # placeholders the loop tokenizes; the engine maps them to the row's forced token ids
@@ -368,47 +366,3 @@ def _with_last(tokens: list[int], last: int | None) -> list[int]:
 
 def _at(tokens: list[int], index: int, default: int) -> int:
     return tokens[index] if 0 <= index < len(tokens) else default
-
-
-class RecordedSpans:
-    """A proposer that replays a run's own spans (`ssr simulate --spans recorded`): at the output
-    position where the run verified a span, the same number of tokens, of which the same number
-    are right (the model's tokens, then tokens it never writes)."""
-
-    shape = CHAIN
-    implementation = None
-
-    def __init__(self, trace: list[dict], engine: ReplayEngine) -> None:
-        self.engine, self.never_id = engine, engine.never_id
-        self.events = {(event["kind"], event["at"]): event for event in trace if "at" in event}
-        self.cot_len, self.answer_len, self.in_answer = 0, 0, False  # output observed so far
-
-    def add_source(self, token_ids: Sequence[int]) -> None:
-        """The run's spans are replayed as they were."""
-
-    def prepare(self) -> None:
-        """Nothing deferred."""
-
-    def observe(self, token_ids: Sequence[int]) -> None:
-        if self.in_answer:
-            self.answer_len += len(token_ids)
-        elif self.cot_len < len(self.engine.cot):
-            self.cot_len += len(token_ids)
-        else:  # the CoT is complete: these are the forced tokens, the answer follows
-            self.in_answer = True
-
-    def propose(self, max_tokens: int) -> tuple[list[int], list[float] | None]:
-        kind, at, target = ("span", self.answer_len, self.engine.answer) if self.in_answer else \
-            ("cot_span", self.cot_len, self.engine.cot)
-        event = self.events.get((kind, at))
-        if event is None:
-            return [], None
-        right = target[at: at + event["accepted"]]
-        return (right + [self.never_id] * (event["proposed"] - len(right)))[:max_tokens], None
-
-    def candidates(self, max_tokens: int) -> list[tuple[Source, list[int]]]:
-        span, _ = self.propose(max_tokens)
-        return [(RECORDED, span)] if span else []
-
-
-RECORDED = Source("recorded")  # a run's own span, replayed

@@ -26,7 +26,9 @@ from ..pricing.costs import CostModel, CostTable
 from ..pricing.drafting import Plan, PolicyStats, fixed_plan, plan_request
 from ..proposing.history import ResponseHistory
 from .drafts import DraftBook
-from .replay import REPLAY_FORMAT, RecordedSpans, ReplayEngine, RowModel
+from ..proposing.proposers import CHAIN
+from ..proposing.source import Source
+from .replay import REPLAY_FORMAT, ReplayEngine, RowModel
 from .report import group_name, render_table
 
 
@@ -245,3 +247,47 @@ def format_projection(table: list[dict], markdown: bool = False) -> str:
               "-" if t["modelled_ratio"] is None else f"{t['modelled_ratio']:.3f}",
               str(t["drafts"]), f"{t['accepted_prefix']:.1f}"] for t in table]
     return render_table(columns, lines, markdown)
+
+
+class RecordedSpans:
+    """A proposer that replays a run's own spans (`ssr simulate --spans recorded`): at the output
+    position where the run verified a span, the same number of tokens, of which the same number
+    are right (the model's tokens, then tokens it never writes)."""
+
+    shape = CHAIN
+    implementation = None
+
+    def __init__(self, trace: list[dict], engine: ReplayEngine) -> None:
+        self.engine, self.never_id = engine, engine.never_id
+        self.events = {(event["kind"], event["at"]): event for event in trace if "at" in event}
+        self.cot_len, self.answer_len, self.in_answer = 0, 0, False  # output observed so far
+
+    def add_source(self, token_ids: Sequence[int]) -> None:
+        """The run's spans are replayed as they were."""
+
+    def prepare(self) -> None:
+        """Nothing deferred."""
+
+    def observe(self, token_ids: Sequence[int]) -> None:
+        if self.in_answer:
+            self.answer_len += len(token_ids)
+        elif self.cot_len < len(self.engine.cot):
+            self.cot_len += len(token_ids)
+        else:  # the CoT is complete: these are the forced tokens, the answer follows
+            self.in_answer = True
+
+    def propose(self, max_tokens: int) -> tuple[list[int], list[float] | None]:
+        kind, at, target = ("span", self.answer_len, self.engine.answer) if self.in_answer else \
+            ("cot_span", self.cot_len, self.engine.cot)
+        event = self.events.get((kind, at))
+        if event is None:
+            return [], None
+        right = target[at: at + event["accepted"]]
+        return (right + [self.never_id] * (event["proposed"] - len(right)))[:max_tokens], None
+
+    def candidates(self, max_tokens: int) -> list[tuple[Source, list[int]]]:
+        span, _ = self.propose(max_tokens)
+        return [(RECORDED, span)] if span else []
+
+
+RECORDED = Source("recorded")  # a run's own span, replayed
