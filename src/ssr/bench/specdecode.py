@@ -80,8 +80,10 @@ def replay_file(path: Path, batches: list[int], ks: list[int], ssr_shapes: list[
     for _, mode, options in jobs:  # a first replay in each mode, not kept: imports and first calls off the host time
         replay_trace(traces[0], mode, CostSetting("warm-up", specdecode_h100()), "cold", **{"candidates": "chain", **options})
     steps = [(batch, job, tokens) for batch in batches for job in jobs for tokens in traces]
+    settings = {batch: CostSetting(f"specdecode-h100@{batch}", specdecode_h100().at_batch(batch), batch)
+                for batch in batches}  # one table a batch (a CostModel keeps its pass prices by table)
     for batch, (name, mode, options), tokens in tqdm(steps, unit="replay", desc=path.name, disable=not progress):
-        setting = CostSetting(f"specdecode-h100@{batch}", specdecode_h100().at_batch(batch), batch)
+        setting = settings[batch]
         options = {"candidates": "chain", **options}
         out[(batch, name)].append(replay_trace(tokens, mode, setting, "cold", **options))
     return out
